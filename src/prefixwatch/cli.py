@@ -1,0 +1,160 @@
+"""The `prefixwatch` command: one console script, one sub-command per job."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from . import __version__, catalog
+from .config import ConfigError, build_config
+
+log = logging.getLogger("prefixwatch")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", action="append", metavar="URL",
+                   help=f"a /metrics URL to poll; repeat for several "
+                        f"(default: ${catalog.ENV_TARGETS}, comma-separated, or "
+                        f"{catalog.DEFAULT_TARGET})")
+    p.add_argument("--config", metavar="FILE",
+                   help=f"YAML config file (see exporter/prefixwatch.example.yml; "
+                        f"default: ${catalog.ENV_CONFIG})")
+    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help=f"per-target poll timeout (default {catalog.DEFAULT_TIMEOUT_SECONDS:g})")
+    p.add_argument("--bearer-token-file", metavar="FILE",
+                   help="send 'Authorization: Bearer <file contents>' to every target")
+    p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify HTTPS targets")
+    p.add_argument("--insecure-skip-verify", action="store_true",
+                   help="do not verify HTTPS certificates")
+    p.add_argument("--max-body-bytes", type=int, metavar="N",
+                   help=f"refuse pages larger than N bytes "
+                        f"(default {catalog.DEFAULT_MAX_BODY_BYTES})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixwatch",
+        description="Observability and alerting for the prefix cache of LLM servers "
+                    "(vLLM, SGLang).")
+    parser.add_argument("--version", action="version", version=f"prefixwatch {__version__}")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"],
+                        help="logging level (default: info)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    exp = sub.add_parser(
+        "exporter", help="run the sidecar exporter",
+        description="Poll vLLM/SGLang /metrics pages and expose prefix-cache hit ratios over "
+                    "time windows, normalized counters and TTFT as prefixwatch_* series.")
+    _add_target_flags(exp)
+    exp.add_argument("--interval", type=_positive_float, metavar="SECONDS",
+                     help=f"poll interval (default {catalog.DEFAULT_INTERVAL_SECONDS:g})")
+    exp.add_argument("--listen-address", metavar="HOST:PORT",
+                     help=f"where to serve /metrics (default {catalog.DEFAULT_LISTEN_ADDRESS})")
+    exp.add_argument("--window", action="append", metavar="DURATION",
+                     help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
+                          f"(default {' '.join(catalog.DEFAULT_WINDOWS)})")
+    exp.add_argument("--otlp-endpoint", metavar="URL",
+                     help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
+
+    st = sub.add_parser(
+        "status", help="one-shot view of the prefix cache, without Prometheus",
+        description="Poll each target twice, a few seconds apart, and print the hit ratio over "
+                    "that gap and over the server's lifetime, query rate, TTFT, KV usage.")
+    _add_target_flags(st)
+    st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
+                    help="seconds between the two polls (default 5)")
+
+    from .simulator.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
+    return parser
+
+
+def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
+    kwargs = dict(
+        targets=args.target, config_file=args.config, timeout=args.timeout,
+        bearer_token_file=args.bearer_token_file, ca_file=args.ca_file,
+        insecure_skip_verify=args.insecure_skip_verify, max_body_bytes=args.max_body_bytes,
+    )
+    if with_exporter_flags:
+        kwargs.update(interval=args.interval, listen_address=args.listen_address,
+                      windows=args.window, otlp_endpoint=args.otlp_endpoint)
+    return build_config(**kwargs)
+
+
+def run_exporter(args: argparse.Namespace) -> int:
+    from .exporter import Exporter
+
+    config = _config_from(args, with_exporter_flags=True)
+    exporter = Exporter(config)
+    bridge = None
+    if config.otlp_endpoint:
+        from .otlp import OtlpBridge
+
+        bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint)
+        exporter.round_listeners.append(bridge.export)
+        log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
+    try:
+        exporter.start()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {config.listen_address}: {exc.strerror}") from exc
+    _stop_on_signals(exporter.stop)
+    exporter.wait()
+    if bridge is not None:
+        bridge.shutdown()
+    log.info("stopped")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from .status import collect_status, render
+
+    config = _config_from(args, with_exporter_flags=False)
+    rows = collect_status(config, args.gap)
+    print(render(rows, args.gap))
+    return 1 if any(r.error for r in rows) else 0
+
+
+def _stop_on_signals(stop) -> None:
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    commands = {"exporter": run_exporter, "status": run_status}
+    from .simulator.cli import run_simulate
+
+    commands["simulate"] = run_simulate
+    try:
+        return commands[args.command](args)
+    except ConfigError as exc:
+        print(f"prefixwatch {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""client_python custom Collector: fresh metric families on every scrape of the exporter.
+
+The poll loop does the work (history, window math); ``collect`` only turns the latest state of
+each target into families, so a scrape of the exporter never waits on a slow target.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from . import __version__, catalog
+from .catalog import OutMetric
+from .monitor import TargetMonitor
+from .windows import ratio
+
+
+def _family(metric: OutMetric, labels: tuple[str, ...] | None = None) -> Metric:
+    names = list(labels if labels is not None else metric.labels)
+    if metric.kind == "counter":
+        return CounterMetricFamily(metric.name, metric.help, labels=names)
+    if metric.kind == "histogram":
+        return HistogramMetricFamily(metric.name, metric.help, labels=names)
+    if metric.kind == "info":
+        return InfoMetricFamily(metric.name, metric.help, labels=names)
+    return GaugeMetricFamily(metric.name, metric.help, labels=names)
+
+
+_COUNTERS = (
+    ("queries", catalog.OUT_QUERIES), ("hits", catalog.OUT_HITS),
+    ("ext_queries", catalog.OUT_EXT_QUERIES), ("ext_hits", catalog.OUT_EXT_HITS),
+    ("prompt_tokens", catalog.OUT_PROMPT_TOKENS),
+    ("prompt_tokens_cached", catalog.OUT_PROMPT_TOKENS_CACHED),
+    ("preemptions", catalog.OUT_PREEMPTIONS),
+)
+_GAUGES = (
+    ("kv_usage", catalog.OUT_KV_USAGE), ("running", catalog.OUT_RUNNING),
+    ("waiting", catalog.OUT_WAITING),
+)
+_HISTOGRAMS = (("ttft", catalog.OUT_TTFT), ("prompt_len", catalog.OUT_PROMPT_LEN))
+
+
+class PrefixwatchCollector(Collector):
+    def __init__(self, monitors: Iterable[TargetMonitor], windows: dict[str, float]) -> None:
+        self.monitors = list(monitors)
+        self.windows = windows
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families vary with what the targets show
+
+    def collect(self) -> Iterator[Metric]:
+        fam: dict[str, Metric] = {}
+
+        def family(metric: OutMetric) -> Metric:
+            if metric.name not in fam:
+                labels = tuple(label for label in metric.labels if label not in ("version",))
+                if metric.kind == "info" and metric is catalog.OUT_TARGET_INFO:
+                    labels = (catalog.L_TARGET,)
+                if metric is catalog.OUT_BUILD_INFO:
+                    labels = ()
+                fam[metric.name] = _family(metric, labels)
+            return fam[metric.name]
+
+        build = family(catalog.OUT_BUILD_INFO)
+        build.add_metric([], {"version": __version__, "python": platform.python_version()})
+        for metric in (catalog.OUT_TARGET_UP, catalog.OUT_SCRAPE_DURATION,
+                       catalog.OUT_SCRAPE_ERRORS, catalog.OUT_LAST_SUCCESS,
+                       catalog.OUT_TARGET_INFO, catalog.OUT_HIT_RATIO,
+                       catalog.OUT_FLEET_HIT_RATIO):
+            family(metric)  # always present, even with no data, so dashboards see the names
+
+        fleet: dict[tuple[str, str], list[float]] = {}
+        for mon in self.monitors:
+            with mon.lock:
+                self._collect_target(mon, family, fleet)
+        fleet_family = family(catalog.OUT_FLEET_HIT_RATIO)
+        for (model, window), (queries, hits) in sorted(fleet.items()):
+            value = ratio(hits, queries)
+            if value is not None:
+                fleet_family.add_metric([model, window], value)
+        yield from fam.values()
+
+    def _collect_target(self, mon: TargetMonitor, family, fleet) -> None:
+        t = mon.name
+        family(catalog.OUT_TARGET_UP).add_metric([t], 1.0 if mon.up else 0.0)
+        if not math.isnan(mon.scrape_duration):
+            family(catalog.OUT_SCRAPE_DURATION).add_metric([t], mon.scrape_duration)
+        if not math.isnan(mon.last_success):
+            family(catalog.OUT_LAST_SUCCESS).add_metric([t], mon.last_success)
+        errors = family(catalog.OUT_SCRAPE_ERRORS)
+        for reason in catalog.SCRAPE_ERROR_REASONS:
+            errors.add_metric([t, reason], float(mon.errors.get(reason, 0)))
+        snap = mon.snapshot
+        if not mon.up or snap is None:
+            return
+        server = snap.schema.server
+        family(catalog.OUT_TARGET_INFO).add_metric(
+            [t], {catalog.L_SERVER: server, catalog.L_SCHEMA: snap.schema.schema})
+
+        for (model, engine), state in sorted(mon.series.items()):
+            labels = [t, model, engine, server]
+            values = state.values
+            for role, metric in _COUNTERS:
+                if role in values.counters:
+                    family(metric).add_metric(labels, values.counters[role],
+                                              created=values.created.get(role))
+            for role, metric in _GAUGES:
+                if role in values.gauges:
+                    family(metric).add_metric(labels, values.gauges[role])
+            for role, metric in _HISTOGRAMS:
+                hist = values.histograms.get(role)
+                if hist is not None:
+                    buckets = [(floatToGoString(b), c)
+                               for b, c in zip(hist.bounds, hist.counts, strict=True)]
+                    family(metric).add_metric(labels, buckets, hist.sum)
+            if values.block_size is not None:
+                family(catalog.OUT_BLOCK_SIZE).add_metric(labels, float(values.block_size))
+            if values.caching_enabled is not None:
+                family(catalog.OUT_CACHING_ENABLED).add_metric(
+                    labels, 1.0 if values.caching_enabled else 0.0)
+            reported = values.gauges.get("engine_reported_hit_ratio")
+            if reported is not None and snap.schema.engine_reported_hit_ratio:
+                family(catalog.OUT_ENGINE_REPORTED).add_metric(
+                    labels + [snap.schema.engine_reported_hit_ratio], reported)
+
+        for model, figures in sorted(mon.models.items()):
+            base = [t, model, server]
+            lifetime = ratio(figures.lifetime_hits, figures.lifetime_queries)
+            if lifetime is not None:
+                family(catalog.OUT_HIT_RATIO).add_metric(
+                    base + [catalog.LIFETIME_WINDOW], lifetime)
+            for window, wf in figures.windows.items():
+                value = wf.hit_ratio
+                if value is not None:
+                    family(catalog.OUT_HIT_RATIO).add_metric(base + [window], value)
+                    slot = fleet.setdefault((model, window), [0.0, 0.0])
+                    slot[0] += wf.queries
+                    slot[1] += wf.hits
+                elif wf.queries == 0:
+                    fleet.setdefault((model, window), [0.0, 0.0])
+                if wf.seconds > 0 and not math.isnan(wf.hits):
+                    family(catalog.OUT_CACHED_TOKENS_RATE).add_metric(
+                        base + [window], wf.hits / wf.seconds)
+                    family(catalog.OUT_QUERY_RATE).add_metric(
+                        base + [window], wf.queries / wf.seconds)
+                for q in catalog.TTFT_QUANTILES:
+                    value = wf.ttft_quantile(q)
+                    if value is not None:
+                        family(catalog.OUT_TTFT_QUANTILE).add_metric(
+                            base + [window, floatToGoString(q)], value)

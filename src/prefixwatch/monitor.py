@@ -1,0 +1,260 @@
+"""One monitored target: poll, keep history, derive window ratios, remember what went wrong.
+
+A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
+in ``scrape_errors``, and logged once when the state changes (not on every poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import __version__, catalog
+from .config import TargetConfig
+from .pagereader import LabelCache, PageError, SeriesKey, SeriesValues, Snapshot, read_page
+from .scrape import Fetcher
+from .windows import Layout, SeriesHistory, histogram_quantile, ratio, sum_vectors
+
+log = logging.getLogger("prefixwatch.exporter")
+
+COUNTER_ROLES: tuple[str, ...] = ("queries", "hits", "ext_queries", "ext_hits",
+                                  "prompt_tokens", "prompt_tokens_cached", "preemptions")
+HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len")
+
+
+@dataclass
+class WindowFigures:
+    """What one window says about one (target, model) or one model's fleet."""
+
+    seconds: float
+    queries: float
+    hits: float
+    ttft_buckets: tuple[tuple[float, ...], list[float]] | None = None
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return ratio(self.hits, self.queries)
+
+    def ttft_quantile(self, q: float) -> float | None:
+        if self.ttft_buckets is None:
+            return None
+        bounds, counts = self.ttft_buckets
+        return histogram_quantile(q, bounds, counts)
+
+
+@dataclass
+class ModelFigures:
+    """Derived figures for one model on one target (summed over its engines)."""
+
+    model: str
+    windows: dict[str, WindowFigures] = field(default_factory=dict)
+    lifetime_queries: float = math.nan
+    lifetime_hits: float = math.nan
+
+
+@dataclass
+class SeriesState:
+    values: SeriesValues
+    history: SeriesHistory | None
+
+
+def layout_for(values: SeriesValues) -> Layout:
+    hists = tuple((role, values.histograms[role].bounds) for role in HISTOGRAM_ROLES
+                  if role in values.histograms)
+    return Layout(COUNTER_ROLES, hists)
+
+
+def raw_vector(values: SeriesValues, layout: Layout) -> list[float]:
+    vec = [values.counters.get(role, math.nan) for role in layout.counters]
+    for role, bounds in layout.histograms:
+        hist = values.histograms.get(role)
+        if hist is None or hist.bounds != bounds:
+            vec.extend([math.nan] * (len(bounds) + 2))
+        else:
+            vec.append(hist.count)
+            vec.append(hist.sum)
+            vec.extend(hist.counts)
+    return vec
+
+
+class TargetMonitor:
+    """State of one target, updated by the poll loop and read by the collector."""
+
+    def __init__(self, target: TargetConfig, windows: dict[str, float], interval: float) -> None:
+        self.target = target
+        self.name = target.name
+        self.windows = windows
+        self.interval = interval
+        longest = max(windows.values(), default=interval)
+        short = [w for w in windows.values() if w <= 900] or [min(windows.values(), default=60)]
+        self._fine_span = max(short) + 2 * interval
+        self._coarse_step = max(interval, longest / 120)
+        self._coarse_span = longest + 2 * self._coarse_step
+        self._fetcher: Fetcher | None = None
+        self._labels = LabelCache()
+        self.lock = threading.Lock()
+        # Read by the collector (under lock).
+        self.up = False
+        self.polled = False
+        self.reason: str | None = None
+        self.last_error = "not polled yet"
+        self.snapshot: Snapshot | None = None
+        self.scrape_duration = math.nan
+        self.last_success = math.nan
+        self.errors = dict.fromkeys(catalog.SCRAPE_ERROR_REASONS, 0)
+        self.series: dict[SeriesKey, SeriesState] = {}
+        self.models: dict[str, ModelFigures] = {}
+        self.restarts = 0
+        self._state: tuple[bool, str | None] | None = None
+        self._schema: str | None = None
+
+    # -- polling -------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Fetch and ingest the page; never raises."""
+        if self._fetcher is None:
+            self._fetcher = Fetcher(self.target, f"prefixwatch/{__version__}")
+        started = time.monotonic()
+        try:
+            text = self._fetcher.fetch()
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+            return
+        except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
+            log.exception("target %s: unexpected error while fetching", self.name)
+            self._fail(PageError("connect", f"unexpected: {exc}"), time.monotonic() - started)
+            return
+        self.ingest(text, time.time(), duration_started=started)
+
+    def ingest(self, text: str, now: float, duration_started: float | None = None) -> None:
+        """Read a page's text as if just polled at ``now``; never raises."""
+        started = duration_started if duration_started is not None else time.monotonic()
+        try:
+            snapshot = read_page(text, self._labels)
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+            return
+        except Exception as exc:  # pragma: no cover - same as above
+            log.exception("target %s: unexpected error while reading the page", self.name)
+            self._fail(PageError("parse", f"unexpected: {exc}"), time.monotonic() - started)
+            return
+        with self.lock:
+            self._accept(snapshot, now)
+            self.scrape_duration = time.monotonic() - started
+            self.last_success = now
+            self.up = True
+            self.polled = True
+            self.reason = None
+            self.last_error = ""
+        self._log_state(True, None, "")
+
+    def _fail(self, exc: PageError, duration: float) -> None:
+        with self.lock:
+            self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
+            self.up = False
+            self.polled = True
+            self.reason = exc.reason
+            self.last_error = exc.detail
+            self.scrape_duration = duration
+            self.models = {}
+        self._log_state(False, exc.reason, exc.detail)
+
+    def _log_state(self, up: bool, reason: str | None, detail: str) -> None:
+        state = (up, reason)
+        if state == self._state:
+            return
+        previous = self._state
+        self._state = state
+        if up:
+            if previous is not None:
+                log.info("target %s is up again", self.name)
+            else:
+                log.info("target %s is up (%s)", self.name, self.snapshot.schema.schema
+                         if self.snapshot else "?")
+        else:
+            log.warning("target %s is down: %s: %s", self.name, reason, detail)
+
+    # -- history and derivation -----------------------------------------------------------------
+
+    def _accept(self, snapshot: Snapshot, now: float) -> None:
+        schema = snapshot.schema
+        if schema.schema != self._schema:
+            if self._schema is not None:
+                log.warning("target %s changed metric schema: %s -> %s; history restarted",
+                            self.name, self._schema, schema.schema)
+                self.series = {}
+            if not schema.windows_supported:
+                log.warning("target %s: %s", self.name, schema.note)
+            self._schema = schema.schema
+        fresh: dict[SeriesKey, SeriesState] = {}
+        for key, values in snapshot.series.items():
+            old = self.series.get(key)
+            history = old.history if old else None
+            if schema.windows_supported:
+                layout = layout_for(values)
+                if history is None or history.layout != layout:
+                    history = SeriesHistory(layout, self._fine_span, self._coarse_span,
+                                            self._coarse_step)
+                created = values.created.get("queries")
+                if history.add(now, raw_vector(values, layout), created):
+                    self.restarts += 1
+                    log.info("target %s: counters of %s/engine %s reset (server restart)",
+                             self.name, key[0], key[1])
+            fresh[key] = SeriesState(values, history)
+        self.series = fresh
+        self.snapshot = snapshot
+        self.models = self._derive(now)
+
+    def _derive(self, now: float) -> dict[str, ModelFigures]:
+        by_model: dict[str, list[SeriesState]] = {}
+        for (model, _engine), state in self.series.items():
+            by_model.setdefault(model, []).append(state)
+        out: dict[str, ModelFigures] = {}
+        for model, states in by_model.items():
+            figures = ModelFigures(model)
+            queries = [s.values.counters.get("queries") for s in states]
+            hits = [s.values.counters.get("hits") for s in states]
+            if all(q is not None for q in queries) and all(h is not None for h in hits):
+                figures.lifetime_queries = sum(q for q in queries if q is not None)
+                figures.lifetime_hits = sum(h for h in hits if h is not None)
+            for window, seconds in self.windows.items():
+                wf = window_figures(states, now, seconds)
+                if wf is not None:
+                    figures.windows[window] = wf
+            out[model] = figures
+        return out
+
+
+def window_figures(states: list[SeriesState], now: float, seconds: float) -> WindowFigures | None:
+    """Sum the deltas of a model's engines over one window, before any division."""
+    deltas = []
+    layout: Layout | None = None
+    covered = 0.0
+    for state in states:
+        if state.history is None:
+            continue
+        delta = state.history.delta(now, seconds)
+        if delta is None:
+            continue
+        if layout is None:
+            layout = state.history.layout
+        elif state.history.layout != layout:
+            continue  # engines with other buckets are not summed bucket by bucket
+        covered = max(covered, delta[0])
+        deltas.append(delta[1])
+    total = sum_vectors(deltas)
+    if total is None or layout is None:
+        return None
+    q = total[layout.offset_of("queries")]
+    h = total[layout.offset_of("hits")]
+    ttft = None
+    spot = layout.histogram_slice("ttft")
+    if spot is not None:
+        offset, bounds = spot
+        counts = list(total[offset + 2: offset + 2 + len(bounds)])
+        if not any(math.isnan(c) for c in counts):
+            ttft = (bounds, counts)
+    return WindowFigures(covered, q, h, ttft)

@@ -1,0 +1,173 @@
+"""`prefixwatch simulate`: vLLM-faithful replicas plus a built-in workload."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import IO
+
+from ..config import ConfigError
+from ..windows import parse_duration
+from .driver import Driver, get_scenario
+from .engine import EngineConfig
+from .requestlog import RequestLogger
+from .scenarios import describe
+from .server import Replica, ReplicaServer
+
+log = logging.getLogger("prefixwatch.simulate")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
+    defaults = EngineConfig()
+    p = sub.add_parser(
+        "simulate", help="serve simulated vLLM replicas with a built-in workload",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve one or more replicas that speak vLLM's API and /metrics format and "
+                    "cache prefixes by vLLM V1's rule (chained full blocks, LRU eviction), "
+                    "and drive them with a named scenario.\n\nThe built-in tokenizer is not a "
+                    "real model's: token counts differ from Llama's, the caching rule does not.",
+        epilog="Example: prefixwatch simulate --replicas 2 --scenario static-system-prompt "
+               "--switch-at 5m --switch-to timestamp-at-top")
+    p.add_argument("--list-scenarios", action="store_true", help="explain each scenario, exit")
+    p.add_argument("--scenario", default="static-system-prompt", metavar="NAME",
+                   help="workload to run (default static-system-prompt; see --list-scenarios)")
+    p.add_argument("--rate", type=_non_negative, default=4.0, metavar="REQ_PER_S",
+                   help="requests per second over all replicas (default 4; 0 = serve only)")
+    p.add_argument("--switch-at", type=_duration, metavar="DURATION",
+                   help="switch to --switch-to after this long, e.g. 10m (a bad deploy)")
+    p.add_argument("--switch-to", metavar="NAME", help="scenario to switch to")
+    p.add_argument("--restart-at", type=_duration, metavar="DURATION",
+                   help="restart every replica once after this long (cold cache, counters reset)")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="number of replicas (default: the scenario's, usually 1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, metavar="P",
+                   help="first port; replica i listens on P+i (default 8000)")
+    p.add_argument("--routing", choices=["round-robin", "prefix-affinity"],
+                   help="how the workload spreads over replicas (default: the scenario's)")
+    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
+                   help="metric names to serve (default vllm)")
+    p.add_argument("--model", default=defaults.model, help=f"model name (default {defaults.model})")
+    p.add_argument("--block-size", type=int, default=defaults.block_size,
+                   help=f"tokens per KV block (default {defaults.block_size})")
+    p.add_argument("--kv-blocks", type=int, metavar="N",
+                   help=f"KV pool size per replica in blocks (default: the scenario's, "
+                        f"else {defaults.num_blocks})")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="switch prefix caching off (as vLLM's --no-enable-prefix-caching)")
+    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
+                   help=f"longest prompt plus output (default {defaults.max_model_len})")
+    p.add_argument("--prefill-tokens-per-s", type=float, default=defaults.prefill_tokens_per_s,
+                   help=f"modelled prefill throughput (default {defaults.prefill_tokens_per_s:g})")
+    p.add_argument("--time-per-output-token", type=float,
+                   default=defaults.time_per_output_token,
+                   help=f"modelled decode time per token in seconds "
+                        f"(default {defaults.time_per_output_token:g})")
+    p.add_argument("--request-log", metavar="FILE",
+                   help="write vLLM-format request log lines (as --enable-log-requests with "
+                        "VLLM_LOGGING_LEVEL=DEBUG) to FILE, '-' for stdout")
+    p.add_argument("--max-log-len", type=int, metavar="N",
+                   help="cut logged prompts and token ids at N, as vLLM's --max-log-len")
+    p.add_argument("--seed", type=int, default=1, help="workload random seed (default 1)")
+    p.add_argument("--duration", type=_duration, metavar="DURATION",
+                   help="stop after this long (default: run until Ctrl-C)")
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    if args.list_scenarios:
+        print(describe())
+        return 0
+    try:
+        scenario = get_scenario(args.scenario)
+        switch_to = get_scenario(args.switch_to) if args.switch_to else None
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
+    if (args.switch_at is None) != (switch_to is None):
+        raise ConfigError("--switch-at and --switch-to go together")
+    replicas_n = args.replicas or max(scenario.replicas, switch_to.replicas if switch_to else 1)
+    if replicas_n < 1 or replicas_n > 64:
+        raise ConfigError("--replicas must be between 1 and 64")
+    if not 0 < args.port < 65536 or args.port + replicas_n - 1 >= 65536:
+        raise ConfigError("--port is out of range")
+    num_blocks = args.kv_blocks or scenario.num_blocks or EngineConfig().num_blocks
+    if args.block_size < 1 or num_blocks < 2:
+        raise ConfigError("--block-size must be >= 1 and --kv-blocks >= 2")
+    config = EngineConfig(
+        model=args.model, block_size=args.block_size, num_blocks=num_blocks,
+        enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        time_per_output_token=args.time_per_output_token)
+    log_stream: IO[str] | None = None
+    request_log = None
+    if args.request_log:
+        try:
+            log_stream = sys.stdout if args.request_log == "-" else open(  # noqa: SIM115
+                args.request_log, "a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot open {args.request_log}: {exc.strerror}") from exc
+        request_log = RequestLogger(log_stream, args.max_log_len)
+    adapters = tuple(sorted(set(scenario.lora_modules) | set(
+        switch_to.lora_modules if switch_to else ())))
+    servers: list[ReplicaServer] = []
+    try:
+        for i in range(replicas_n):
+            replica = Replica(config, index=i, server=args.engine, lora_modules=adapters,
+                              request_log=request_log)
+            servers.append(ReplicaServer(replica, args.host, args.port + i))
+    except OSError as exc:
+        for s in servers:
+            s.httpd.server_close()
+        raise ConfigError(str(exc.strerror or exc)) from exc
+    for s in servers:
+        s.start()
+        log.info("replica %d (%s, %s) on http://%s:%d  (/metrics, /v1/chat/completions, "
+                 "/v1/completions, /tokenize)", s.replica.index, args.engine, config.model,
+                 args.host, s.port)
+    driver = None
+    if args.rate > 0:
+        driver = Driver([s.replica for s in servers], scenario, args.rate, seed=args.seed,
+                        switch_at=args.switch_at, switch_to=switch_to, routing=args.routing,
+                        restart_at=args.restart_at)
+        driver.start()
+        log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
+                 replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
+                 if switch_to else "")
+    else:
+        log.info("no built-in workload (--rate 0): serving only")
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    stop.wait(args.duration)
+    if driver is not None:
+        driver.stop()
+        log.info("sent %d requests, %d rejected", driver.sent, driver.rejected)
+    for s in servers:
+        s.stop()
+    if log_stream is not None and log_stream is not sys.stdout:
+        log_stream.close()
+    return 0

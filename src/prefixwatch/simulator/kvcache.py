@@ -1,0 +1,178 @@
+"""vLLM V1's automatic prefix caching, reproduced block for block.
+
+The rule (vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_manager.py):
+
+* A prompt is cut into blocks of ``block_size`` tokens; only full blocks are cached.
+* A block's identity covers its parent's identity, its tokens and the request's extra keys
+  (LoRA adapter, cache_salt, multimodal hashes): the first differing token ends reuse.
+  Here the chain of hashes is a trie of token blocks, which is the same identity (a path is
+  a chain) and costs one dict look-up per block instead of a tuple hash plus a look-up.
+* A lookup takes the longest run of cached blocks within the first ``num_tokens - 1`` tokens
+  (the last prompt token is always recomputed to get logits), in whole blocks.
+* Blocks are reference-counted. A freed block stays cached in the free queue; new blocks come
+  from the head of that queue (least recently freed first), evicting what they cached. A
+  request frees its blocks tail first, so a prompt's last blocks go before its first ones.
+  Several physical blocks may cache the same identity (two requests computed it at once).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+
+class Node:
+    """One block identity: the path from a root (extra keys) through token blocks."""
+
+    __slots__ = ("blocks", "children", "key", "parent")
+
+    def __init__(self, parent: Node | None, key: Hashable) -> None:
+        self.parent = parent
+        self.key = key
+        self.children: dict[tuple[int, ...], Node] = {}
+        self.blocks: list[int] = []  # physical blocks caching this identity
+
+
+class NoFreeBlocks(Exception):
+    """The pool cannot hand out the blocks asked for."""
+
+
+class BlockPool:
+    """A pool of ``num_blocks`` KV blocks with vLLM's free queue and prefix index.
+
+    Like vLLM, block 0 is the reserved null block, so ``num_blocks - 1`` are usable.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError("the pool needs at least 2 blocks (one is the null block)")
+        if block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.ref_cnt = [0] * num_blocks
+        self.node_of: list[Node | None] = [None] * num_blocks
+        # Eviction order: head = next to be reused. Value unused.
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.roots: dict[Hashable, Node] = {}
+        self.evictions = 0
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: 1 - free / usable."""
+        return 1.0 - self.num_free / self.usable_blocks
+
+    def blocks_of(self, tokens: Sequence[int], limit_tokens: int | None = None
+                  ) -> list[tuple[int, ...]]:
+        """The full token blocks of ``tokens`` (optionally of its first ``limit_tokens``)."""
+        n = len(tokens) if limit_tokens is None else min(limit_tokens, len(tokens))
+        bs = self.block_size
+        t = tuple(tokens[: n - n % bs])
+        return [t[i: i + bs] for i in range(0, len(t), bs)]
+
+    def root(self, extra_keys: Hashable) -> Node:
+        node = self.roots.get(extra_keys)
+        if node is None:
+            node = self.roots[extra_keys] = Node(None, extra_keys)
+        return node
+
+    def longest_hit(self, blocks: Sequence[tuple[int, ...]], extra_keys: Hashable,
+                    max_blocks: int) -> list[Node]:
+        """The cached nodes of the longest cached prefix, at most ``max_blocks`` long."""
+        if not self.enable_caching:
+            return []
+        node = self.roots.get(extra_keys)
+        hit: list[Node] = []
+        if node is None:
+            return hit
+        for block in blocks[:max_blocks]:
+            node = node.children.get(block)  # type: ignore[assignment]
+            if node is None or not node.blocks:
+                break
+            hit.append(node)
+        return hit
+
+    # -- allocation ----------------------------------------------------------------------------
+
+    def touch(self, nodes: Sequence[Node]) -> list[int]:
+        """Take a reference on the first cached block of each node (a prefix-cache hit)."""
+        out = []
+        for node in nodes:
+            block = node.blocks[0]
+            if self.ref_cnt[block] == 0:
+                del self.free[block]
+            self.ref_cnt[block] += 1
+            out.append(block)
+        return out
+
+    def allocate(self, count: int) -> list[int]:
+        """Take ``count`` blocks from the head of the free queue, evicting what they cached."""
+        if count > len(self.free):
+            raise NoFreeBlocks(f"asked for {count} blocks, {len(self.free)} free")
+        out = []
+        for _ in range(count):
+            block, _ = self.free.popitem(last=False)
+            self._uncache(block)
+            self.ref_cnt[block] = 1
+            out.append(block)
+        return out
+
+    def _uncache(self, block: int) -> None:
+        node = self.node_of[block]
+        if node is None:
+            return
+        self.evictions += 1
+        node.blocks.remove(block)
+        self.node_of[block] = None
+        # Drop identities that cache nothing and lead nowhere, so the trie stays bounded.
+        while node is not None and not node.blocks and not node.children:
+            parent = node.parent
+            siblings = self.roots if parent is None else parent.children
+            if siblings.get(node.key) is node:  # type: ignore[call-overload]
+                del siblings[node.key]  # type: ignore[arg-type]
+            node = parent
+
+    def cache(self, parent: Node, block_tokens: tuple[int, ...], block: int) -> Node:
+        """Record that physical ``block`` holds ``block_tokens`` after ``parent``."""
+        if not self.enable_caching:
+            return parent
+        node = parent.children.get(block_tokens)
+        if node is None:
+            node = parent.children[block_tokens] = Node(parent, block_tokens)
+        if self.node_of[block] is None:
+            node.blocks.append(block)
+            self.node_of[block] = node
+        return node
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference on each block, tail first; unreferenced blocks become free.
+
+        Cached blocks join the tail of the queue (evicted last); blocks that cache nothing
+        go to the head, to be reused first.
+        """
+        for block in reversed(blocks):
+            self.ref_cnt[block] -= 1
+            if self.ref_cnt[block] == 0:
+                self.free[block] = None
+                if self.node_of[block] is None:
+                    self.free.move_to_end(block, last=False)
+
+    def reset(self) -> None:
+        """Forget everything (a server restart)."""
+        self.__init__(self.num_blocks, self.block_size, self.enable_caching)  # type: ignore[misc]
+
+
+def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:
+    """Tokens served from cache: whole hit blocks, never past ``num_tokens - 1``."""
+    max_blocks = max(num_tokens - 1, 0) // block_size
+    return min(hit_blocks, max_blocks) * block_size

@@ -1,0 +1,177 @@
+"""The simulator's /metrics page: vLLM 0.33's families (or SGLang's), via client_python.
+
+Every family of the real page is declared from the catalog's copy of it (names, HELP texts,
+label names, pre-initialised label values, bucket boundaries), so the page matches vLLM's line
+family by line family; the families the simulator models carry real values, the others stay
+at their pre-initialised zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from .. import catalog
+from .engine import Engine, EngineStats, SimRequest
+
+
+def _declare(family: catalog.PageFamily, registry: CollectorRegistry) -> Any:
+    labels = list(family.labels) + [name for name, _ in family.preset]
+    if family.name == catalog.VLLM_CACHE_CONFIG_INFO:
+        labels = sorted({k for k, _ in catalog.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
+    kwargs: dict[str, Any] = {"labelnames": labels, "registry": registry}
+    if family.kind == "counter":
+        return Counter(family.name, family.help, **kwargs)
+    if family.kind == "histogram":
+        return Histogram(family.name, family.help, buckets=family.buckets, **kwargs)
+    return Gauge(family.name, family.help, **kwargs)
+
+
+class PageMetrics:
+    """One replica's metric objects, bound to one Engine's events. Rebuilt on a restart."""
+
+    def __init__(self, engine: Engine, server: str = "vllm", engine_index: str = "0") -> None:
+        self.engine = engine
+        self.server = server
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        page = catalog.VLLM_V1_PAGE if server == "vllm" else catalog.SGLANG_PAGE
+        self.m: dict[str, Any] = {}
+        model = engine.config.model
+        for family in page:
+            metric = _declare(family, self.registry)
+            self.m[family.name] = metric
+            if family.name == catalog.VLLM_CACHE_CONFIG_INFO:
+                continue
+            base = {"model_name": model}
+            if "engine" in family.labels:
+                base["engine"] = engine_index
+            if family.preset:
+                name, values = family.preset[0]
+                for value in values:
+                    metric.labels(**base, **{name: value})
+            else:
+                metric.labels(**base)
+        self._base = {"model_name": model}
+        self._engine_index = engine_index
+        if server == "vllm":
+            self._set_cache_info()
+            self.m["vllm:engine_sleep_state"].labels(
+                model_name=model, engine=engine_index, sleep_state="awake").set(1)
+        engine.stats.listeners.append(self.on_event)
+
+    def _l(self, name: str, **extra: str) -> Any:
+        labels = dict(self._base)
+        if "engine" in self.m[name]._labelnames:
+            labels["engine"] = self._engine_index
+        labels.update(extra)
+        return self.m[name].labels(**labels)
+
+    def _set_cache_info(self) -> None:
+        cfg = self.engine.config
+        values = dict(catalog.VLLM_CACHE_CONFIG_DEFAULTS)
+        values[catalog.CACHE_INFO_BLOCK_SIZE] = str(cfg.block_size)
+        values[catalog.CACHE_INFO_NUM_GPU_BLOCKS] = str(cfg.num_blocks)
+        values[catalog.CACHE_INFO_ENABLED] = str(cfg.enable_prefix_caching)
+        values["engine"] = self._engine_index
+        self.m[catalog.VLLM_CACHE_CONFIG_INFO].labels(**values).set(1)
+
+    # -- events from the engine ----------------------------------------------------------------
+
+    def on_event(self, event: str, req: SimRequest) -> None:
+        if self.server == "vllm":
+            self._vllm_event(event, req)
+        else:
+            self._sglang_event(event, req)
+
+    def _vllm_event(self, event: str, req: SimRequest) -> None:
+        if event == "preempted":
+            self._l("vllm:num_preemptions").inc()
+            return
+        if event == "scheduled" and req.num_preemptions == 0:
+            n, hit = req.num_prompt_tokens, req.cached_tokens
+            self._l("vllm:prefix_cache_queries").inc(n)
+            self._l("vllm:prefix_cache_hits").inc(hit)
+            self._l("vllm:prompt_tokens").inc(n)
+            self._l("vllm:prompt_tokens_cached").inc(hit)
+            self._l("vllm:prompt_tokens_by_source", source="local_compute").inc(n - hit)
+            self._l("vllm:prompt_tokens_by_source", source="local_cache_hit").inc(hit)
+            self._l("vllm:prompt_tokens_cached_by_source", source="device").inc(hit)
+            self._l("vllm:request_prompt_tokens").observe(n)
+            self._l("vllm:request_prefill_kv_computed_tokens").observe(n - hit)
+            self._l("vllm:iteration_tokens_total").observe(n - hit)
+            if req.first_token_at is not None:
+                self._l("vllm:time_to_first_token_seconds").observe(
+                    req.first_token_at - req.arrival)
+            if req.scheduled_at is not None:
+                self._l("vllm:request_queue_time_seconds").observe(
+                    req.scheduled_at - req.arrival)
+        elif event == "finished":
+            out = len(req.output)
+            self._l("vllm:generation_tokens").inc(out)
+            self._l("vllm:request_success", finished_reason=req.finish_reason or "length").inc()
+            self._l("vllm:request_generation_tokens").observe(out)
+            self._l("vllm:request_max_num_generation_tokens").observe(req.max_tokens)
+            self._l("vllm:request_params_max_tokens").observe(req.max_tokens)
+            self._l("vllm:request_params_n").observe(1)
+            self._l("vllm:request_num_preemptions").observe(req.num_preemptions)
+            end = req.finished_at or 0.0
+            self._l("vllm:e2e_request_latency_seconds").observe(end - req.arrival)
+            if req.scheduled_at is not None and req.first_token_at is not None:
+                self._l("vllm:request_inference_time_seconds").observe(end - req.scheduled_at)
+                self._l("vllm:request_prefill_time_seconds").observe(
+                    req.first_token_at - req.scheduled_at)
+                self._l("vllm:request_decode_time_seconds").observe(end - req.first_token_at)
+                if out > 1:
+                    tpot = (end - req.first_token_at) / (out - 1)
+                    self._l("vllm:request_time_per_output_token_seconds").observe(tpot)
+                    self._l("vllm:inter_token_latency_seconds").observe(tpot)
+
+    def _sglang_event(self, event: str, req: SimRequest) -> None:
+        if event == "scheduled" and req.num_preemptions == 0:
+            self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
+            self._l("sglang:cached_tokens").inc(req.cached_tokens)
+            self._l("sglang:cache_hit_rate").set(self.engine.stats.last_batch_hit_rate)
+            if req.first_token_at is not None:
+                self._l("sglang:time_to_first_token_seconds").observe(
+                    req.first_token_at - req.arrival)
+        elif event == "finished":
+            self._l("sglang:generation_tokens").inc(len(req.output))
+            self._l("sglang:num_requests").inc()
+
+    # -- the page ------------------------------------------------------------------------------
+
+    def refresh_gauges(self) -> None:
+        eng = self.engine
+        with eng.lock:
+            running, waiting, usage = len(eng.running), len(eng.waiting), eng.kv_usage
+        if self.server == "vllm":
+            self._l("vllm:num_requests_running").set(running)
+            self._l("vllm:num_requests_waiting").set(waiting)
+            self._l("vllm:num_requests_waiting_by_reason", reason="capacity").set(waiting)
+            self._l("vllm:kv_cache_usage_perc").set(usage)
+        else:
+            self._l("sglang:num_running_reqs").set(running)
+            self._l("sglang:num_queue_reqs").set(waiting)
+            self._l("sglang:token_usage").set(usage)
+
+    def render(self) -> bytes:
+        self.refresh_gauges()
+        return generate_latest(self.registry)
+
+
+def detach(metrics: PageMetrics, stats: EngineStats) -> None:
+    if metrics.on_event in stats.listeners:
+        stats.listeners.remove(metrics.on_event)

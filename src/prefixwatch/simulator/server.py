@@ -1,0 +1,307 @@
+"""The simulator's HTTP face: vLLM's OpenAI-compatible API and /metrics, one port per replica."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .engine import Engine, EngineConfig, EngineThread, SimRequest
+from .metrics import PageMetrics
+from .requestlog import RequestLogger
+from .tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
+
+log = logging.getLogger("prefixwatch.simulate")
+
+MAX_BODY = 16 * 1024 * 1024
+REQUEST_TIMEOUT = 120.0
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Replica:
+    """One simulated server: engine, scheduler thread, metrics, tokenizer, LoRA adapters."""
+
+    def __init__(self, config: EngineConfig, index: int = 0, server: str = "vllm",
+                 tokenizer: Tokenizer | None = None, lora_modules: tuple[str, ...] = (),
+                 request_log: RequestLogger | None = None) -> None:
+        self.config = config
+        self.index = index
+        self.server = server
+        self.tokenizer = tokenizer or Tokenizer()
+        self.lora_modules = tuple(lora_modules)
+        self.request_log = request_log
+        self.engine = Engine(config)
+        self.engine.set_answer_vocabulary(self.tokenizer.answer_ids)
+        self.metrics = PageMetrics(self.engine, server)
+        self._thread = EngineThread(self.engine)
+        self.started_at = time.time()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+    def restart(self) -> None:
+        """A server restart: cold cache and counters from zero, as a new process has."""
+        self.engine.restart()
+        self.metrics = PageMetrics(self.engine, self.server)
+        self.started_at = time.time()
+        log.info("replica %d restarted: cache and counters cleared", self.index)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def extra_keys(self, model: str | None, cache_salt: str | None) -> tuple | None:
+        lora = None
+        if model and model != self.config.model:
+            if model not in self.lora_modules:
+                raise BadRequest(f"The model `{model}` does not exist.", 404)
+            lora = model
+        if lora is None and cache_salt is None:
+            return None
+        return (lora, cache_salt)
+
+    def submit(self, prompt: list[int], max_tokens: int, extra_keys: tuple | None,
+               prompt_text: str | None = None) -> SimRequest:
+        try:
+            req = self.engine.submit(prompt, max_tokens, extra_keys,
+                                     request_id=f"cmpl-{uuid.uuid4().hex}")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        except OverflowError as exc:
+            raise BadRequest(str(exc), 503) from exc
+        if self.request_log is not None:
+            self.request_log.log(req.request_id, prompt_text, prompt, extra_keys)
+        return req
+
+    def tokenize_prompt(self, prompt: Any) -> tuple[list[int], str | None]:
+        """A completion prompt as vLLM takes it: text (BOS added) or a list of token ids."""
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt:
+                raise BadRequest("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+            if not prompt.startswith(BOS):
+                ids = [SPECIAL_TOKENS[BOS], *ids]
+            return ids, prompt
+        if isinstance(prompt, list) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            return list(prompt), None
+        raise BadRequest("prompt must be a string or a non-empty list of token ids")
+
+    def tokenize_chat(self, body: dict[str, Any]) -> tuple[list[int], str]:
+        try:
+            text = apply_chat_template(body.get("messages"), body.get("tools"),
+                                       bool(body.get("add_generation_prompt", True)))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        return self.tokenizer.encode(text), text
+
+
+def _max_tokens(body: dict[str, Any], default: int = 16) -> int:
+    value = body.get("max_tokens", body.get("max_completion_tokens", default))
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BadRequest("max_tokens must be a positive integer")
+    return value
+
+
+def _wait(req: SimRequest) -> None:
+    if not req.done.wait(REQUEST_TIMEOUT):
+        raise BadRequest("request timed out in the simulator", 504)
+    if req.error:
+        raise BadRequest(req.error, 503)
+
+
+def _usage(req: SimRequest) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.num_prompt_tokens,
+        "completion_tokens": len(req.output),
+        "total_tokens": req.num_prompt_tokens + len(req.output),
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+    }
+
+
+def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "prefixwatch-simulator"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            log.debug("replica %d: " + format, replica.index, *args)
+
+        def _send(self, status: int, payload: Any, ctype: str = "application/json") -> None:
+            body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _error(self, status: int, message: str) -> None:
+            kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+                    413: "RequestTooLarge", 503: "ServiceUnavailable",
+                    504: "Timeout"}.get(status, "Error")
+            self._send(status, {"error": {"message": message, "type": kind, "param": None,
+                                          "code": status}})
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = urlsplit(self.path).path
+            if path == "/metrics":
+                self._send(200, replica.metrics.render(), CONTENT_TYPE_LATEST)
+            elif path in ("/health", "/ping"):
+                self._send(200, b"", "application/json")
+            elif path == "/v1/models":
+                created = int(replica.started_at)
+                data = [{"id": replica.config.model, "object": "model", "created": created,
+                         "owned_by": "vllm", "root": replica.config.model, "parent": None,
+                         "max_model_len": replica.config.max_model_len}]
+                data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+                          "root": name, "parent": replica.config.model,
+                          "max_model_len": replica.config.max_model_len}
+                         for name in replica.lora_modules]
+                self._send(200, {"object": "list", "data": data})
+            elif path in ("/v1/completions", "/v1/chat/completions", "/tokenize",
+                          "/detokenize"):
+                self._error(405, "Method Not Allowed")
+            else:
+                self._error(404, "Not Found")
+
+        do_HEAD = do_GET
+
+        def do_POST(self) -> None:  # noqa: N802
+            path = urlsplit(self.path).path
+            try:
+                body = self._json_body()
+                if path == "/v1/completions":
+                    self._completions(body)
+                elif path == "/v1/chat/completions":
+                    self._chat(body)
+                elif path == "/tokenize":
+                    self._tokenize(body)
+                elif path == "/detokenize":
+                    tokens = body.get("tokens")
+                    if not isinstance(tokens, list) or not all(isinstance(t, int)
+                                                               for t in tokens):
+                        raise BadRequest("tokens must be a list of integers")
+                    self._send(200, {"prompt": replica.tokenizer.decode(tokens)})
+                else:
+                    raise BadRequest("Not Found", 404)
+            except BadRequest as exc:
+                self._error(exc.status, str(exc))
+
+        def _json_body(self) -> dict[str, Any]:
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                raise BadRequest("a JSON body with Content-Length is required")
+            if int(length) > MAX_BODY:
+                raise BadRequest("request body too large", 413)
+            raw = self.rfile.read(int(length))
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise BadRequest(f"malformed JSON: {exc}") from exc
+            if not isinstance(body, dict):
+                raise BadRequest("the JSON body must be an object")
+            return body
+
+        def _extra(self, body: dict[str, Any]) -> tuple | None:
+            salt = body.get("cache_salt")
+            if salt is not None and (not isinstance(salt, str) or not salt):
+                raise BadRequest("cache_salt must be a non-empty string")
+            return replica.extra_keys(body.get("model"), salt)
+
+        def _completions(self, body: dict[str, Any]) -> None:
+            if "prompt" not in body:
+                raise BadRequest("'prompt' is required")
+            extra = self._extra(body)
+            prompt, text = replica.tokenize_prompt(body["prompt"])
+            req = replica.submit(prompt, _max_tokens(body), extra, text)
+            _wait(req)
+            self._send(200, {
+                "id": req.request_id, "object": "text_completion", "created": int(time.time()),
+                "model": body.get("model") or replica.config.model,
+                "choices": [{"index": 0, "text": replica.tokenizer.decode(req.output),
+                             "logprobs": None, "finish_reason": req.finish_reason,
+                             "stop_reason": None}],
+                "usage": _usage(req),
+            })
+
+        def _chat(self, body: dict[str, Any]) -> None:
+            if "messages" not in body:
+                raise BadRequest("'messages' is required")
+            extra = self._extra(body)
+            prompt, text = replica.tokenize_chat(body)
+            req = replica.submit(prompt, _max_tokens(body), extra, text)
+            _wait(req)
+            self._send(200, {
+                "id": f"chat{req.request_id}", "object": "chat.completion",
+                "created": int(time.time()), "model": body.get("model") or replica.config.model,
+                "choices": [{"index": 0, "message": {
+                    "role": "assistant", "content": replica.tokenizer.decode(req.output)},
+                    "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}],
+                "usage": _usage(req),
+            })
+
+        def _tokenize(self, body: dict[str, Any]) -> None:
+            if "messages" in body:
+                tokens, _ = replica.tokenize_chat(body)
+            elif "prompt" in body:
+                prompt = body["prompt"]
+                if not isinstance(prompt, str):
+                    raise BadRequest("prompt must be a string")
+                tokens = replica.tokenizer.encode(prompt)
+                if body.get("add_special_tokens", True) and not prompt.startswith(BOS):
+                    tokens = [SPECIAL_TOKENS[BOS], *tokens]
+            else:
+                raise BadRequest("'prompt' or 'messages' is required")
+            payload: dict[str, Any] = {"count": len(tokens),
+                                       "max_model_len": replica.config.max_model_len,
+                                       "tokens": tokens, "token_strs": None}
+            if body.get("return_token_strs"):
+                payload["token_strs"] = [replica.tokenizer.piece(t) for t in tokens]
+            self._send(200, payload)
+
+    return Handler
+
+
+class ReplicaServer:
+    """A Replica bound to a port."""
+
+    def __init__(self, replica: Replica, host: str, port: int) -> None:
+        self.replica = replica
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), make_handler(replica))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
+                                        name=f"replica-{replica.index}")
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def start(self) -> None:
+        self.replica.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.replica.stop()
