@@ -52,7 +52,7 @@ class ExporterConfig:
 
 def split_host_port(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"listen address {address!r} is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
 

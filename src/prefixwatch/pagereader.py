@@ -191,12 +191,14 @@ def _series_key(schema: SourceSchema, labels: dict[str, str]) -> SeriesKey | Non
 
 
 def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]]) -> Snapshot:
-    roles_by_sample: dict[str, tuple[str, str]] = {}
+    # One sample may play several roles (SGLang's prompt tokens are also its cache queries).
+    roles_by_sample: dict[str, list[tuple[str, str]]] = {}
     for role, name in schema.counter_roles().items():
-        roles_by_sample[name] = ("counter", role)
-        roles_by_sample[name.removesuffix("_total") + "_created"] = ("created", role)
+        roles_by_sample.setdefault(name, []).append(("counter", role))
+        created = name.removesuffix("_total") + "_created"
+        roles_by_sample.setdefault(created, []).append(("created", role))
     for role, name in schema.gauge_roles().items():
-        roles_by_sample[name] = ("gauge", role)
+        roles_by_sample.setdefault(name, []).append(("gauge", role))
     hist_roles: dict[str, str] = {}
     for role, name in schema.histogram_roles().items():
         for suffix in ("_bucket", "_sum", "_count"):
@@ -227,17 +229,17 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
             mode = labels.get(catalog.SGLANG_MODE_LABEL, "")
             realtime.setdefault(key, {})[mode] = value
             continue
-        role = roles_by_sample.get(name)
-        if role is not None:
-            kind, role_name = role
+        roles = roles_by_sample.get(name)
+        if roles is not None:
             values = series.setdefault(key, SeriesValues())
-            if kind == "counter":
-                _check_counter(name, value)
-                values.counters[role_name] = values.counters.get(role_name, 0.0) + value
-            elif kind == "created":
-                values.created[role_name] = value
-            elif not math.isnan(value):
-                values.gauges[role_name] = value
+            for kind, role_name in roles:
+                if kind == "counter":
+                    _check_counter(name, value)
+                    values.counters[role_name] = values.counters.get(role_name, 0.0) + value
+                elif kind == "created":
+                    values.created[role_name] = value
+                elif not math.isnan(value):
+                    values.gauges[role_name] = value
             continue
         hrole = hist_roles.get(name)
         if hrole is None:

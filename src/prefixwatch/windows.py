@@ -93,7 +93,7 @@ class SeriesHistory:
                 if math.isnan(prev):
                     # The counter was missing last time: a new baseline, no known increase.
                     if math.isnan(adjusted[i]):
-                        adjusted[i] = value
+                        adjusted[i] = 0.0
                 elif restarted or value < prev:
                     adjusted[i] += value
                     reset = True
@@ -152,7 +152,9 @@ class SeriesHistory:
             return None
         base = values[idx]
         current = self._adjusted
-        return last_t - base_t, array("d", (c - b for c, b in zip(current, base, strict=True)))
+        # A counter absent at the base appeared since: it counts from its first sighting (0).
+        return last_t - base_t, array(
+            "d", (c - (0.0 if b != b else b) for c, b in zip(current, base, strict=True)))
 
 
 def histogram_quantile(

@@ -1,0 +1,105 @@
+"""Shared test helpers: a loopback HTTP server whose answer each test controls."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def vllm_page() -> str:
+    """The real vLLM 0.33 /metrics body (copied from shared/fixtures)."""
+    return (FIXTURES / "vllm_metrics.txt").read_text()
+
+
+@dataclass
+class Answer:
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    delay: float = 0.0
+    chunked_truncate: bool = False
+
+
+class PageServer:
+    """Serves whatever ``answer`` says on 127.0.0.1, on a free port."""
+
+    def __init__(self) -> None:
+        self.answer = Answer()
+        self.hits = 0
+        self.headers: list[dict[str, str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                server.hits += 1
+                server.headers.append(dict(self.headers))
+                answer = server.answer
+                if answer.delay:
+                    time.sleep(answer.delay)
+                try:
+                    self.send_response(answer.status)
+                    self.send_header("Content-Type", answer.content_type)
+                    if answer.chunked_truncate:
+                        self.send_header("Content-Length", str(len(answer.body) + 1000))
+                    else:
+                        self.send_header("Content-Length", str(len(answer.body)))
+                    self.end_headers()
+                    self.wfile.write(answer.body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+
+    def serve(self, body: str | bytes, **kwargs: object) -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.answer = Answer(body=data, **kwargs)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def page_server() -> Iterator[PageServer]:
+    server = PageServer()
+    yield server
+    server.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_counters(page: str, queries: float, hits: float) -> str:
+    """The fixture page with other prefix-cache counter values (a later poll)."""
+    out = []
+    for line in page.splitlines():
+        if line.startswith("vllm:prefix_cache_queries_total{"):
+            line = line.rsplit(" ", 1)[0] + f" {queries}"
+        elif line.startswith("vllm:prefix_cache_hits_total{"):
+            line = line.rsplit(" ", 1)[0] + f" {hits}"
+        out.append(line)
+    return "\n".join(out) + "\n"
