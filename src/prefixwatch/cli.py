@@ -7,11 +7,19 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__, catalog
 from .config import ConfigError, build_config
 
 log = logging.getLogger("prefixwatch")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one clear line on stderr and exit status 2, not a page of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_float(text: str) -> float:
@@ -45,7 +53,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="prefixwatch",
         description="Observability and alerting for the prefix cache of LLM servers "
                     "(vLLM, SGLang).")

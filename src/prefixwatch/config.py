@@ -132,7 +132,10 @@ def load_file(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"config file {path!r} is not valid YAML{where}: {problem}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -1,0 +1,142 @@
+"""The `prefixwatch exporter` command as a user runs it: flags, config files, errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from prefixwatch import catalog
+from prefixwatch.config import ConfigError, build_config
+
+from .conftest import PageServer, free_port, with_counters
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefixwatch.cli", *args], capture_output=True,
+                          text=True, timeout=30, env=env)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["exporter", "--interval", "abc"], "not a number"),
+    (["exporter", "--interval", "0"], "greater than 0"),
+    (["exporter", "--target", "localhost:8000"], "not an http(s) URL"),
+    (["exporter", "--window", "5 minutes"], "not a duration"),
+    (["exporter", "--window", "lifetime"], "not a duration"),
+    (["exporter", "--config", "/nonexistent/prefixwatch.yml"], "cannot read config file"),
+    (["exporter", "--listen-address", "nowhere"], "not HOST:PORT"),
+    (["exporter", "--bearer-token-file", "/nonexistent/token"], "does not exist"),
+    (["exporter", "--no-such-flag"], "unrecognized arguments"),
+])
+def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
+    r = run(*args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("content,message", [
+    ("targets: [", "not valid YAML"),
+    ("- just\n- a list\n", "must hold a mapping"),
+    ("targetz: []\n", "unknown key 'targetz'"),
+    ("targets:\n  - {name: x}\n", "needs a url"),
+    ("targets:\n  - {url: 'http://a:1/metrics', timeout: -1}\n", "must be positive"),
+    ("targets:\n  - {url: 'http://a:1/metrics', colour: red}\n", "unknown target key"),
+    ("targets:\n  - {url: 'http://a:1/m', name: x}\n  - {url: 'http://b:1/m', name: x}\n",
+     "share the name"),
+])
+def test_bad_config_file_exits_2(tmp_path, content: str, message: str) -> None:
+    path = tmp_path / "cfg.yml"
+    path.write_text(content)
+    r = run("exporter", "--config", str(path))
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_config_precedence(tmp_path) -> None:
+    path = tmp_path / "cfg.yml"
+    path.write_text("interval: 7\nwindows: [2m]\ntarget_defaults: {timeout: 9}\n"
+                    "targets:\n  - url: http://vllm-a:8000/metrics\n"
+                    "  - {url: 'http://vllm-b:8000/metrics', name: b}\n")
+    cfg = build_config(config_file=str(path), environ={})
+    assert cfg.interval == 7 and cfg.windows == ("2m",)
+    assert [t.name for t in cfg.targets] == ["vllm-a:8000", "b"]
+    assert all(t.timeout == 9 for t in cfg.targets)
+    flags = build_config(config_file=str(path), targets=["http://x:1/metrics"], interval=3,
+                         environ={})
+    assert [t.url for t in flags.targets] == ["http://x:1/metrics"] and flags.interval == 3
+    env = build_config(environ={catalog.ENV_TARGETS: "http://e1:1/metrics, http://e2:1/metrics"})
+    assert [t.name for t in env.targets] == ["e1:1", "e2:1"]
+    default = build_config(environ={})
+    assert default.targets[0].url == catalog.DEFAULT_TARGET
+    assert default.listen_address == f"0.0.0.0:{catalog.DEFAULT_PORT}"
+    same_host = build_config(targets=["http://h:1/a", "http://h:1/b"], environ={})
+    assert [t.name for t in same_host.targets] == ["http://h:1/a", "http://h:1/b"]
+    with pytest.raises(ConfigError):
+        build_config(windows=["1m", "lifetime"], environ={})
+
+
+def test_example_config_is_valid() -> None:
+    example = os.path.join(os.path.dirname(__file__), "..", "exporter",
+                           "prefixwatch.example.yml")
+    cfg = build_config(config_file=example, environ={})
+    assert cfg.targets and cfg.interval > 0
+
+
+def test_exporter_command_end_to_end(page_server: PageServer, vllm_page: str) -> None:
+    """`prefixwatch exporter --target URL` against a server serving the fixture, then a
+    changed fixture: the right counters and window ratios."""
+    page_server.serve(with_counters(vllm_page, 13902, 7168))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixwatch.cli", "exporter", "--target", page_server.url,
+         "--listen-address", f"127.0.0.1:{port}", "--interval", "0.3", "--window", "1m"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def scrape() -> str:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                return requests.get(url, timeout=2).text
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise AssertionError("exporter did not come up")
+
+    try:
+        text = scrape()
+        while "prefixwatch_prefix_cache_hits_total{" not in text:
+            time.sleep(0.1)
+            text = scrape()
+        assert "prefixwatch_prefix_cache_queries_total{" in text and " 13902.0" in text
+        page_server.serve(with_counters(vllm_page, 14902, 7198))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            text = scrape()
+            line = [ln for ln in text.splitlines()
+                    if ln.startswith("prefixwatch_prefix_cache_hit_ratio{") and 'window="1m"' in ln]
+            if line:
+                break
+            time.sleep(0.1)
+        assert line and float(line[0].rsplit(" ", 1)[1]) == pytest.approx(0.03)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert "listening on" in err and "stopped" in err
+
+
+def test_listen_port_in_use_exits_2(page_server: PageServer) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = run("exporter", "--target", page_server.url, "--listen-address",
+                f"127.0.0.1:{s.getsockname()[1]}")
+    assert r.returncode == 2 and "cannot listen" in r.stderr
