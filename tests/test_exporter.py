@@ -19,6 +19,7 @@ from .conftest import PageServer, free_port, with_counters
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WINDOWS = {"1m": 60.0, "5m": 300.0}
+DUPLICATE_LINE = f'vllm:prefix_cache_hits_total{{engine="0",model_name="{MODEL}"}} 1.0\n'
 
 
 def samples(exporter: Exporter) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -69,14 +70,16 @@ def test_counters_and_window_ratio_from_the_real_page(page_server: PageServer,
         pytest.approx(7198 / 14902)]
     assert pick(found, "prefixwatch_fleet_prefix_cache_hit_ratio", window="1m") == [
         pytest.approx(0.03)]
-    # No traffic: the window ratio is absent, not 0 and not NaN.
-    exporter.poll_round()
-    time.sleep(0.01)
-    page_server.serve(with_counters(vllm_page, 14902, 7198))
-    mon.windows = {"1m": 0.001}
-    exporter.poll_round()
+    # A minute with no traffic: the window ratio is absent, not 0 and not NaN; the 5m window
+    # still covers the collapse.
+    later = time.time() + 30
+    for step in range(3):
+        mon.ingest(with_counters(vllm_page, 14902, 7198), later + 30 * step)
     found = samples(exporter)
     assert pick(found, "prefixwatch_prefix_cache_hit_ratio", window="1m") == []
+    assert pick(found, "prefixwatch_prefix_cache_hit_ratio", window="5m") == [
+        pytest.approx(0.03)]
+    assert "NaN" not in generate_latest(exporter.registry).decode()
 
 
 def test_restart_inside_window_is_not_a_negative_rate(page_server: PageServer,
@@ -122,8 +125,7 @@ def test_fleet_sums_before_dividing(vllm_page: str) -> None:
     (lambda s, p: s.serve(p[: len(p) // 2]), "parse"),
     (lambda s, p: s.serve(p, chunked_truncate=True), "parse"),
     (lambda s, p: s.serve(p.replace("13902.0", "NaN", 1)), "invalid_value"),
-    (lambda s, p: s.serve(p + 'vllm:prefix_cache_hits_total{engine="0",model_name="%s"} 1.0\n'
-                          % MODEL), "parse"),
+    (lambda s, p: s.serve(p + DUPLICATE_LINE), "parse"),
     (lambda s, p: s.serve(p, delay=2.0), "timeout"),
     (lambda s, p: s.serve("x" * 200_000), "too_large"),
     (lambda s, p: s.serve("python_info 1\n"), "not_metrics"),

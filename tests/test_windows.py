@@ -13,14 +13,15 @@ from prefixwatch.windows import (
     SeriesHistory,
     histogram_quantile,
     parse_duration,
+    plan_tiers,
     ratio,
 )
 
 LAYOUT = Layout(("queries", "hits"), ())
 
 
-def history(fine: float = 1000.0, coarse: float = 4000.0, step: float = 30.0) -> SeriesHistory:
-    return SeriesHistory(LAYOUT, fine, coarse, step)
+def history() -> SeriesHistory:
+    return SeriesHistory(LAYOUT, [(1.0, 1000.0), (30.0, 4000.0)], interval=1.0)
 
 
 def test_durations() -> None:
@@ -89,15 +90,18 @@ def test_missing_counter_is_a_new_baseline() -> None:
     assert delta[0] == 200 and delta[1] == 30
 
 
-def test_long_window_uses_coarse_tier_and_memory_is_bounded() -> None:
-    h = SeriesHistory(LAYOUT, fine_span=60 + 10, coarse_span=3600 + 60, coarse_step=30)
+def test_tiers_keep_about_60_points_per_window() -> None:
+    tiers = plan_tiers([60, 300, 900, 3600], interval=5)
+    assert tiers == ((5, 310), (15, 930), (60, 3720))
+    h = SeriesHistory(LAYOUT, tiers, interval=5)
     for i in range(0, 3 * 3600, 5):
-        h.add(i, [i * 10.0, i * 9.0])
-    assert h.points < (70 / 5 + 2) + (3660 / 30 + 2)
+        h.add(i + (0.3 if i % 2 else 0), [i * 10.0, i * 9.0])  # polls jitter a little
+    assert h.points <= 64 + 64 + 64
     now = 3 * 3600 - 5
-    dt, delta = h.delta(now, 3600)
-    assert 3600 <= dt <= 3630
-    assert delta[1] / delta[0] == pytest.approx(0.9)
+    for window, slack in ((60, 5), (300, 5), (900, 15), (3600, 60)):
+        dt, delta = h.delta(now, window)
+        assert window <= dt <= window + slack + 1, window
+        assert delta[1] / delta[0] == pytest.approx(0.9)
 
 
 @settings(max_examples=200, deadline=None)
@@ -106,7 +110,7 @@ def test_long_window_uses_coarse_tier_and_memory_is_bounded() -> None:
        window_steps=st.integers(1, 60))
 def test_window_delta_equals_sum_of_increments(steps, window_steps) -> None:
     """Whatever the restarts, a window's delta is the traffic that happened in it."""
-    h = SeriesHistory(LAYOUT, fine_span=10_000, coarse_span=10_000, coarse_step=1)
+    h = SeriesHistory(LAYOUT, [(1.0, 10_000.0)], interval=1.0)
     raw_q = raw_h = 0.0
     increments = []
     for i, (dq, dh_, restart) in enumerate(steps):

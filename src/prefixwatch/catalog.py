@@ -147,6 +147,9 @@ OUT_SCRAPE_ERRORS = OutMetric(
 OUT_LAST_SUCCESS = OutMetric(
     "prefixwatch_last_successful_scrape_timestamp_seconds", "gauge",
     "Unix time of the last successful poll of the target.", (L_TARGET,))
+OUT_ROUND_DURATION = OutMetric(
+    "prefixwatch_poll_round_duration_seconds", "gauge",
+    "Seconds the last round of polling all targets took; keep it under the interval.", ())
 OUT_BUILD_INFO = OutMetric(
     "prefixwatch_build", "info", "prefixwatch version and Python version.", ("version", "python"))
 

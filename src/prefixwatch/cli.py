@@ -86,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
                     help="seconds between the two polls (default 5)")
 
+    from .demo import add_demo_parser
     from .simulator.cli import add_simulate_parser
 
     add_simulate_parser(sub)
+    add_demo_parser(sub)
     return parser
 
 
@@ -152,9 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands = {"exporter": run_exporter, "status": run_status}
+    from .demo import run_demo
     from .simulator.cli import run_simulate
 
     commands["simulate"] = run_simulate
+    commands["demo"] = run_demo
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -55,6 +55,7 @@ class PrefixwatchCollector(Collector):
     def __init__(self, monitors: Iterable[TargetMonitor], windows: dict[str, float]) -> None:
         self.monitors = list(monitors)
         self.windows = windows
+        self.round_seconds: float | None = None  # set by the poll loop
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families vary with what the targets show
@@ -74,6 +75,8 @@ class PrefixwatchCollector(Collector):
 
         build = family(catalog.OUT_BUILD_INFO)
         build.add_metric([], {"version": __version__, "python": platform.python_version()})
+        if self.round_seconds is not None:
+            family(catalog.OUT_ROUND_DURATION).add_metric([], self.round_seconds)
         for metric in (catalog.OUT_TARGET_UP, catalog.OUT_SCRAPE_DURATION,
                        catalog.OUT_SCRAPE_ERRORS, catalog.OUT_LAST_SUCCESS,
                        catalog.OUT_TARGET_INFO, catalog.OUT_HIT_RATIO,

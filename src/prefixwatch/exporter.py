@@ -50,6 +50,7 @@ class Exporter:
         started = time.monotonic()
         list(self._pool.map(lambda m: m.poll(), self.monitors))
         self.rounds += 1
+        self.collector.round_seconds = time.monotonic() - started
         for listener in self.round_listeners:
             try:
                 listener()

@@ -16,7 +16,14 @@ from . import __version__, catalog
 from .config import TargetConfig
 from .pagereader import LabelCache, PageError, SeriesKey, SeriesValues, Snapshot, read_page
 from .scrape import Fetcher
-from .windows import Layout, SeriesHistory, histogram_quantile, ratio, sum_vectors
+from .windows import (
+    Layout,
+    SeriesHistory,
+    histogram_quantile,
+    plan_tiers,
+    ratio,
+    sum_vectors,
+)
 
 log = logging.getLogger("prefixwatch.exporter")
 
@@ -88,11 +95,7 @@ class TargetMonitor:
         self.name = target.name
         self.windows = windows
         self.interval = interval
-        longest = max(windows.values(), default=interval)
-        short = [w for w in windows.values() if w <= 900] or [min(windows.values(), default=60)]
-        self._fine_span = max(short) + 2 * interval
-        self._coarse_step = max(interval, longest / 120)
-        self._coarse_span = longest + 2 * self._coarse_step
+        self._tiers = plan_tiers(windows.values() or [interval], interval)
         self._fetcher: Fetcher | None = None
         self._labels = LabelCache()
         self.lock = threading.Lock()
@@ -196,8 +199,7 @@ class TargetMonitor:
             if schema.windows_supported:
                 layout = layout_for(values)
                 if history is None or history.layout != layout:
-                    history = SeriesHistory(layout, self._fine_span, self._coarse_span,
-                                            self._coarse_step)
+                    history = SeriesHistory(layout, self._tiers, self.interval)
                 created = values.created.get("queries")
                 if history.add(now, raw_vector(values, layout), created):
                     self.restarts += 1

@@ -6,8 +6,8 @@ the new raw value, as Prometheus' ``increase()`` counts it. A window's delta is 
 subtraction of two adjusted vectors, so a restart inside a window neither loses traffic nor
 produces a negative rate.
 
-History is kept in two tiers to bound memory: every poll for the short windows, and one point
-per ``longest window / 120`` for the long ones (a 1 h window is then exact to 30 s).
+History is kept in tiers to bound memory: each window keeps about 60 points (one per poll for
+the short windows, one a minute for a 1 h window, which is then exact to a minute).
 """
 
 from __future__ import annotations
@@ -58,19 +58,39 @@ class Layout:
         return None
 
 
-class SeriesHistory:
-    """Reset-adjusted cumulative vectors of one series over time."""
+@dataclass
+class Tier:
+    """Points kept ``resolution`` seconds apart for ``span`` seconds."""
 
-    def __init__(self, layout: Layout, fine_span: float, coarse_span: float,
-                 coarse_step: float) -> None:
+    resolution: float
+    span: float
+    times: list[float]
+    values: list[array]
+
+
+def plan_tiers(windows: Iterable[float], interval: float, points_per_window: int = 60
+               ) -> tuple[tuple[float, float], ...]:
+    """(resolution, span) per tier: each window is resolved to 1/60 of itself (or the poll
+    interval, whichever is coarser), so a window is exact to within ~2%."""
+    tiers: dict[float, float] = {}
+    for window in windows:
+        resolution = max(interval, window / points_per_window)
+        tiers[resolution] = max(tiers.get(resolution, 0.0), window + 2 * resolution)
+    return tuple(sorted(tiers.items()))
+
+
+class SeriesHistory:
+    """Reset-adjusted cumulative vectors of one series over time, in resolution tiers."""
+
+    def __init__(self, layout: Layout, tiers: Sequence[tuple[float, float]],
+                 interval: float) -> None:
+        if not tiers:
+            raise ValueError("at least one tier is needed")
         self.layout = layout
-        self._fine_span = fine_span
-        self._coarse_span = coarse_span
-        self._coarse_step = coarse_step
-        self._fine_t: list[float] = []
-        self._fine_v: list[array] = []
-        self._coarse_t: list[float] = []
-        self._coarse_v: list[array] = []
+        self._tiers = [Tier(res, span, [], []) for res, span in sorted(tiers)]
+        # A poll a little early still counts as the next point of a tier at poll resolution.
+        self._slack = interval / 2
+        self._last_t: float | None = None
         self._last_raw: array | None = None
         self._last_created: float | None = None
         self._adjusted: array | None = None
@@ -105,26 +125,26 @@ class SeriesHistory:
         self._last_raw = raw_arr
         self._last_created = created if created is not None else self._last_created
         self._adjusted = adjusted
-        self._fine_t.append(t)
-        self._fine_v.append(adjusted)
-        if not self._coarse_t or t - self._coarse_t[-1] >= self._coarse_step:
-            self._coarse_t.append(t)
-            self._coarse_v.append(adjusted)
-        self._trim(self._fine_t, self._fine_v, t - self._fine_span)
-        self._trim(self._coarse_t, self._coarse_v, t - self._coarse_span)
+        self._last_t = t
+        for tier in self._tiers:
+            if not tier.times or t - tier.times[-1] >= tier.resolution - self._slack:
+                tier.times.append(t)
+                tier.values.append(adjusted)
+            self._trim(tier, t - tier.span)
         return reset
 
     @staticmethod
-    def _trim(times: list[float], values: list[array], horizon: float) -> None:
+    def _trim(tier: Tier, horizon: float) -> None:
         # Keep one point at or before the horizon, so the longest window has a base.
-        cut = bisect.bisect_right(times, horizon) - 1
+        cut = bisect.bisect_right(tier.times, horizon) - 1
         if cut > 0:
-            del times[:cut]
-            del values[:cut]
+            del tier.times[:cut]
+            del tier.values[:cut]
 
     @property
     def points(self) -> int:
-        return len(self._fine_t) + len(self._coarse_t)
+        """Distinct points held (tiers share the vectors they have in common)."""
+        return len({id(v) for tier in self._tiers for v in tier.values})
 
     @property
     def latest_raw(self) -> array | None:
@@ -133,28 +153,21 @@ class SeriesHistory:
     def delta(self, now: float, window: float) -> tuple[float, array] | None:
         """(seconds covered, adjusted delta vector) over the window ending at the last poll.
 
-        The base is the newest point at or before ``now - window``; while the history is
-        shorter than the window, the oldest point (the window covers what was seen).
+        The base is the newest point at or before ``now - window`` in the finest tier that
+        spans the window; while the history is shorter than the window, its oldest point
+        (the window covers what was seen).
         """
-        if self._adjusted is None:
+        if self._adjusted is None or self._last_t is None:
             return None
-        if window <= self._fine_span - 1e-9 or not self._coarse_t:
-            times, values = self._fine_t, self._fine_v
-        else:
-            times, values = self._coarse_t, self._coarse_v
-        if len(times) < 1:
+        tier = next((tr for tr in self._tiers if tr.span >= window), self._tiers[-1])
+        idx = max(bisect.bisect_right(tier.times, now - window) - 1, 0)
+        base_t = tier.times[idx]
+        if self._last_t <= base_t:
             return None
-        idx = bisect.bisect_right(times, now - window) - 1
-        idx = max(idx, 0)
-        base_t = times[idx]
-        last_t = self._fine_t[-1]
-        if last_t <= base_t:
-            return None
-        base = values[idx]
-        current = self._adjusted
+        base = tier.values[idx]
         # A counter absent at the base appeared since: it counts from its first sighting (0).
-        return last_t - base_t, array(
-            "d", (c - (0.0 if b != b else b) for c, b in zip(current, base, strict=True)))
+        return self._last_t - base_t, array(
+            "d", (c - (0.0 if b != b else b) for c, b in zip(self._adjusted, base, strict=True)))
 
 
 def histogram_quantile(

@@ -93,10 +93,37 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                    help="stop after this long (default: run until Ctrl-C)")
 
 
-def run_simulate(args: argparse.Namespace) -> int:
-    if args.list_scenarios:
-        print(describe())
-        return 0
+class Simulation:
+    """Replicas, their HTTP servers and the workload driver, started and stopped together."""
+
+    def __init__(self, servers: list[ReplicaServer], driver: Driver | None,
+                 log_stream: IO[str] | None) -> None:
+        self.servers = servers
+        self.driver = driver
+        self._log_stream = log_stream
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://{s.httpd.server_address[0]}:{s.port}/metrics" for s in self.servers]
+
+    def start(self) -> None:
+        for s in self.servers:
+            s.start()
+        if self.driver is not None:
+            self.driver.start()
+
+    def stop(self) -> None:
+        if self.driver is not None:
+            self.driver.stop()
+            log.info("sent %d requests, %d rejected", self.driver.sent, self.driver.rejected)
+        for s in self.servers:
+            s.stop()
+        if self._log_stream is not None and self._log_stream is not sys.stdout:
+            self._log_stream.close()
+
+
+def build_simulation(args: argparse.Namespace) -> Simulation:
+    """Validate the simulate flags and bind every replica's port; ConfigError on bad input."""
     try:
         scenario = get_scenario(args.scenario)
         switch_to = get_scenario(args.switch_to) if args.switch_to else None
@@ -107,7 +134,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     replicas_n = args.replicas or max(scenario.replicas, switch_to.replicas if switch_to else 1)
     if replicas_n < 1 or replicas_n > 64:
         raise ConfigError("--replicas must be between 1 and 64")
-    if not 0 < args.port < 65536 or args.port + replicas_n - 1 >= 65536:
+    if not 0 <= args.port < 65536 or args.port + replicas_n - 1 >= 65536:
         raise ConfigError("--port is out of range")
     num_blocks = args.kv_blocks or scenario.num_blocks or EngineConfig().num_blocks
     if args.block_size < 1 or num_blocks < 2:
@@ -133,27 +160,32 @@ def run_simulate(args: argparse.Namespace) -> int:
         for i in range(replicas_n):
             replica = Replica(config, index=i, server=args.engine, lora_modules=adapters,
                               request_log=request_log)
-            servers.append(ReplicaServer(replica, args.host, args.port + i))
+            port = args.port + i if args.port else 0
+            servers.append(ReplicaServer(replica, args.host, port))
     except OSError as exc:
         for s in servers:
             s.httpd.server_close()
         raise ConfigError(str(exc.strerror or exc)) from exc
-    for s in servers:
-        s.start()
-        log.info("replica %d (%s, %s) on http://%s:%d  (/metrics, /v1/chat/completions, "
-                 "/v1/completions, /tokenize)", s.replica.index, args.engine, config.model,
-                 args.host, s.port)
     driver = None
     if args.rate > 0:
         driver = Driver([s.replica for s in servers], scenario, args.rate, seed=args.seed,
                         switch_at=args.switch_at, switch_to=switch_to, routing=args.routing,
                         restart_at=args.restart_at)
-        driver.start()
+    for s in servers:
+        log.info("replica %d (%s, %s) on http://%s:%d  (/metrics, /v1/chat/completions, "
+                 "/v1/completions, /tokenize)", s.replica.index, args.engine, config.model,
+                 args.host, s.port)
+    if driver is not None:
         log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
                  replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
                  if switch_to else "")
     else:
         log.info("no built-in workload (--rate 0): serving only")
+    return Simulation(servers, driver, log_stream)
+
+
+def wait_for_signal(duration: float | None = None) -> None:
+    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: object) -> None:
@@ -162,12 +194,27 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-    stop.wait(args.duration)
-    if driver is not None:
-        driver.stop()
-        log.info("sent %d requests, %d rejected", driver.sent, driver.rejected)
-    for s in servers:
-        s.stop()
-    if log_stream is not None and log_stream is not sys.stdout:
-        log_stream.close()
+    stop.wait(duration)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    if args.list_scenarios:
+        print(describe())
+        return 0
+    sim = build_simulation(args)
+    sim.start()
+    wait_for_signal(args.duration)
+    sim.stop()
     return 0
+
+
+def simulation_args(**overrides: object) -> argparse.Namespace:
+    """The `simulate` flags' defaults, with some set: for callers that embed a simulation."""
+    parser = argparse.ArgumentParser()
+    add_simulate_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["simulate"])
+    for key, value in overrides.items():
+        if not hasattr(args, key):
+            raise AttributeError(f"no simulate option {key!r}")
+        setattr(args, key, value)
+    return args

@@ -66,6 +66,7 @@ class PageMetrics:
                 metric.labels(**base)
         self._base = {"model_name": model}
         self._engine_index = engine_index
+        self._children: dict[tuple, Any] = {}
         if server == "vllm":
             self._set_cache_info()
             self.m["vllm:engine_sleep_state"].labels(
@@ -73,11 +74,15 @@ class PageMetrics:
         engine.stats.listeners.append(self.on_event)
 
     def _l(self, name: str, **extra: str) -> Any:
-        labels = dict(self._base)
-        if "engine" in self.m[name]._labelnames:
-            labels["engine"] = self._engine_index
-        labels.update(extra)
-        return self.m[name].labels(**labels)
+        key = (name, *extra.items())
+        child = self._children.get(key)
+        if child is None:
+            labels = dict(self._base)
+            if "engine" in self.m[name]._labelnames:
+                labels["engine"] = self._engine_index
+            labels.update(extra)
+            child = self._children[key] = self.m[name].labels(**labels)
+        return child
 
     def _set_cache_info(self) -> None:
         cfg = self.engine.config
