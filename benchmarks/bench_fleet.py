@@ -144,7 +144,8 @@ def main() -> None:
         rss, hwm = rss_mb(exporter.pid)
         ups, text = rounds_done()
         ratios = sum(1 for ln in text.splitlines()
-                     if ln.startswith("prefixwatch_prefix_cache_hit_ratio{") and 'window="1m"' in ln)
+                     if ln.startswith("prefixwatch_prefix_cache_hit_ratio{")
+                     and 'window="1m"' in ln)
     finally:
         exporter.terminate()
         fleet.terminate()
