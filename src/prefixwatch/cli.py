@@ -87,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds between the two polls (default 5)")
 
     from .demo import add_demo_parser
+    from .rules_cli import add_rules_parser
     from .simulator.cli import add_simulate_parser
 
     add_simulate_parser(sub)
+    add_rules_parser(sub)
     add_demo_parser(sub)
     return parser
 
@@ -155,9 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands = {"exporter": run_exporter, "status": run_status}
     from .demo import run_demo
+    from .rules_cli import run_rules
     from .simulator.cli import run_simulate
 
     commands["simulate"] = run_simulate
+    commands["rules"] = run_rules
     commands["demo"] = run_demo
     try:
         return commands[args.command](args)
