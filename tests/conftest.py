@@ -103,3 +103,20 @@ def with_counters(page: str, queries: float, hits: float) -> str:
             line = line.rsplit(" ", 1)[0] + f" {hits}"
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def require_binary(name: str, package: str) -> str:
+    """The path of a real tool the test needs. CI (PREFIXWATCH_REQUIRE_BINARIES=1) fails when
+    it is missing; elsewhere the test is skipped with a loud reason saying how to install it."""
+    import os
+    import shutil
+    import warnings
+
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} is not installed: run `apt-get install {package}` (Debian)"
+    if os.environ.get("PREFIXWATCH_REQUIRE_BINARIES") == "1":
+        pytest.fail(message)
+    warnings.warn(message, stacklevel=2)
+    pytest.skip(message)

@@ -28,6 +28,28 @@ class RulesConfigError(ValueError):
     pass
 
 
+_REGEX_SPECIAL = set(".^$*+?()[]{}|\\")
+
+
+def promql_regex_literal(values: list[str]) -> str:
+    """An alternation matching exactly these values, as the body of a PromQL string."""
+    def one(value: str) -> str:
+        out = []
+        for ch in value:
+            if ch in _REGEX_SPECIAL:
+                out.append("\\\\" + ch)  # a backslash for the regex, escaped for PromQL
+            elif ch == '"':
+                out.append('\\"')
+            else:
+                out.append(ch)
+        return "".join(out)
+    return "|".join(one(v) for v in values)
+
+
+def promql_string(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 @dataclass(frozen=True)
 class RuleSource:
     """Raw series names of one source, by role."""
@@ -264,21 +286,21 @@ class Builder:
         """`series < threshold`, with per-model thresholds and opt-outs."""
         special = {m: o for m, o in self.cfg.models.items()}
         clauses = []
-        excluded = "|".join(re.escape(m) for m in special)
+        excluded = promql_regex_literal(sorted(special))
         default = f'{series}{{{MODEL}!~"{excluded}"}}' if excluded else series
         clauses.append(f"{default} < {self.cfg.threshold:g}")
         for model, override in sorted(special.items()):
             if override.disabled:
                 continue
             value = override.threshold if override.threshold is not None else self.cfg.threshold
-            clauses.append(f'{series}{{{MODEL}="{model}"}} < {value:g}')
+            clauses.append(f'{series}{{{MODEL}="{promql_string(model)}"}} < {value:g}')
         return clauses[0] if len(clauses) == 1 else "(" + " or ".join(clauses) + ")"
 
     def enabled(self, series: str) -> str:
         off = [m for m, o in self.cfg.models.items() if o.disabled]
         if not off:
             return series
-        return f'{series}{{{MODEL}!~"{"|".join(re.escape(m) for m in off)}"}}'
+        return f'{series}{{{MODEL}!~"{promql_regex_literal(sorted(off))}"}}'
 
     def guards(self, window: str) -> str:
         """Enough traffic, and not a cold cache after a restart."""
