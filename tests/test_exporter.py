@@ -242,3 +242,19 @@ def test_http_endpoints(page_server: PageServer, vllm_page: str) -> None:
         assert requests.get(base + "/nope", timeout=5).status_code == 404
     finally:
         exporter.stop()
+
+
+def test_a_slow_target_does_not_hold_up_the_round(vllm_page: str) -> None:
+    """Targets are polled concurrently: a slow (but in-time) target costs its own delay, not
+    the sum of everyone's."""
+    servers = [PageServer() for _ in range(4)]
+    try:
+        for s in servers:
+            s.serve(vllm_page, delay=0.6)
+        exporter = make_exporter(*(s.url for s in servers))
+        took = exporter.poll_round()
+        assert all(m.up for m in exporter.monitors)
+        assert took < 0.6 * 4 * 0.75, f"round took {took:.2f}s: targets were polled one by one"
+    finally:
+        for s in servers:
+            s.close()
