@@ -86,12 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
                     help="seconds between the two polls (default 5)")
 
+    from .dashboards_cli import add_dashboards_parser
     from .demo import add_demo_parser
     from .rules_cli import add_rules_parser
     from .simulator.cli import add_simulate_parser
 
     add_simulate_parser(sub)
     add_rules_parser(sub)
+    add_dashboards_parser(sub)
     add_demo_parser(sub)
     return parser
 
@@ -156,12 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands = {"exporter": run_exporter, "status": run_status}
+    from .dashboards_cli import run_dashboards
     from .demo import run_demo
     from .rules_cli import run_rules
     from .simulator.cli import run_simulate
 
     commands["simulate"] = run_simulate
     commands["rules"] = run_rules
+    commands["dashboards"] = run_dashboards
     commands["demo"] = run_demo
     try:
         return commands[args.command](args)
