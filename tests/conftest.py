@@ -120,3 +120,22 @@ def require_binary(name: str, package: str) -> str:
         pytest.fail(message)
     warnings.warn(message, stacklevel=2)
     pytest.skip(message)
+
+
+def npm_packages(name: str, packages: tuple[str, ...]) -> Path:
+    """A directory with these npm packages installed (cached under ~/.cache/prefixwatch)."""
+    import os
+    import subprocess
+
+    npm = require_binary("npm", "npm")
+    require_binary("node", "nodejs")
+    cache = Path(os.environ.get("PREFIXWATCH_CACHE", Path.home() / ".cache" / "prefixwatch"))
+    workdir = cache / name
+    marker = workdir / ".installed"
+    if not marker.exists() or marker.read_text() != " ".join(packages):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "package.json").write_text('{"private": true}\n')
+        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent", *packages],
+                       cwd=workdir, check=True, timeout=600)
+        marker.write_text(" ".join(packages))
+    return workdir

@@ -4,7 +4,6 @@ every query parses, every name exists, and every panel shows data from a real Pr
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -17,11 +16,10 @@ import yaml
 
 from prefixwatch import catalog, dashboards, rules
 
-from .conftest import free_port, require_binary
+from .conftest import free_port, npm_packages, require_binary
 
 ROOT = Path(__file__).parent.parent
 SCHEMA_PACKAGES = ("@grafana/schema@13.2.3", "ts-json-schema-generator@2.4.0")
-SCHEMA_CACHE = Path(os.environ.get("PREFIXWATCH_CACHE", Path.home() / ".cache" / "prefixwatch"))
 
 
 def all_json() -> dict[str, dict]:
@@ -69,16 +67,9 @@ def test_every_panel_is_described_and_linked() -> None:
 def grafana_schema() -> dict:
     """Grafana's dashboard JSON Schema, generated from npm's @grafana/schema TypeScript types
     with ts-json-schema-generator (cached under ~/.cache/prefixwatch)."""
-    npm = require_binary("npm", "npm")
-    require_binary("node", "nodejs")
-    workdir = SCHEMA_CACHE / "grafana-schema-13.2.3"
+    workdir = npm_packages("grafana-schema", SCHEMA_PACKAGES)
     schema_path = workdir / "dashboard.schema.json"
     if not schema_path.exists():
-        workdir.mkdir(parents=True, exist_ok=True)
-        if not (workdir / "package.json").exists():
-            (workdir / "package.json").write_text('{"private": true}\n')
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent",
-                        *SCHEMA_PACKAGES], cwd=workdir, check=True, timeout=600)
         types = "node_modules/@grafana/schema/dist/types/raw/dashboard/x/types.gen.d.ts"
         subprocess.run([str(workdir / "node_modules/.bin/ts-json-schema-generator"),
                         "--path", types, "--type", "Dashboard", "--no-type-check",
