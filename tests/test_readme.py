@@ -22,6 +22,12 @@ def test_exactly_two_commands_and_ci_runs_the_test_one() -> None:
     main, tests = setup_commands()
     assert tests in (ROOT / ".ci" / "run").read_text()
     assert "pytest" in tests
-    sub = main.split("prefixwatch ", 1)[1].split()[0]
+    # The main job is the compose stack (checked in tests/test_stack.py); its Docker-free twin
+    # is a prefixwatch command the README shows right after.
+    assert main == "docker compose up"
+    assert (ROOT / "docker-compose.yml").exists()
+    text = (ROOT / "README.md").read_text()
+    native = re.search(r"pip install \. && prefixwatch (\w+)", text)
+    assert native, "the README shows how to run without Docker"
     choices = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert sub in choices
+    assert native.group(1) in choices
