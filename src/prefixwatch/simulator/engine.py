@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .kvcache import BlockPool, Node, cached_tokens_for
+from .kvcache import BlockPool, Node
 
 
 @dataclass
@@ -137,27 +137,16 @@ class Engine:
     def _admit(self, now: float) -> None:
         cfg = self.config
         pool = self.pool
-        bs = cfg.block_size
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             tokens = req.prompt + req.output  # after a preemption, the output is recomputed
-            blocks = pool.blocks_of(tokens)
-            max_blocks = max(len(tokens) - 1, 0) // bs
-            hit = pool.longest_hit(blocks, req.extra_keys, max_blocks)
-            needed = math.ceil(len(tokens) / bs) - len(hit)
-            evictable_hits = sum(1 for n in hit if pool.ref_cnt[n.blocks[0]] == 0)
-            if needed > pool.num_free - evictable_hits:
+            admitted = pool.admit(tokens, req.extra_keys)
+            if admitted is None:
                 break  # wait for running requests to free blocks
             self.waiting.popleft()
-            hit_blocks = pool.touch(hit)
-            new_blocks = pool.allocate(needed)
-            req.blocks = hit_blocks + new_blocks
-            req.path = list(hit)
-            parent = hit[-1] if hit else pool.root(req.extra_keys)
-            for i in range(len(hit), len(blocks)):
-                parent = pool.cache(parent, blocks[i], req.blocks[i])
-                req.path.append(parent)
-            hit_tokens = cached_tokens_for(len(tokens), len(hit), bs)
+            req.blocks = admitted.blocks
+            req.path = admitted.path
+            hit_tokens = admitted.cached_tokens
             uncached = len(tokens) - hit_tokens
             if req.num_preemptions == 0:
                 st = self.stats

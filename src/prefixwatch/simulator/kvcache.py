@@ -33,6 +33,17 @@ class Node:
         self.blocks: list[int] = []  # physical blocks caching this identity
 
 
+class Admission:
+    """What admitting a prompt did: tokens served from cache, blocks held, cached path."""
+
+    __slots__ = ("blocks", "cached_tokens", "path")
+
+    def __init__(self, cached_tokens: int, blocks: list[int], path: list[Node]) -> None:
+        self.cached_tokens = cached_tokens
+        self.blocks = blocks
+        self.path = path
+
+
 class NoFreeBlocks(Exception):
     """The pool cannot hand out the blocks asked for."""
 
@@ -166,6 +177,28 @@ class BlockPool:
                 self.free[block] = None
                 if self.node_of[block] is None:
                     self.free.move_to_end(block, last=False)
+
+    def admit(self, tokens: Sequence[int], extra_keys: Hashable = None
+              ) -> Admission | None:
+        """Look up, reference and cache a prompt's blocks, as vLLM schedules a request.
+
+        Returns None (nothing changed) when the pool cannot hold the prompt right now.
+        """
+        bs = self.block_size
+        blocks = self.blocks_of(tokens)
+        max_blocks = max(len(tokens) - 1, 0) // bs
+        hit = self.longest_hit(blocks, extra_keys, max_blocks)
+        needed = -(-len(tokens) // bs) - len(hit)
+        evictable_hits = sum(1 for n in hit if self.ref_cnt[n.blocks[0]] == 0)
+        if needed > self.num_free - evictable_hits:
+            return None
+        held = self.touch(hit) + self.allocate(needed)
+        path = list(hit)
+        parent = hit[-1] if hit else self.root(extra_keys)
+        for i in range(len(hit), len(blocks)):
+            parent = self.cache(parent, blocks[i], held[i])
+            path.append(parent)
+        return Admission(cached_tokens_for(len(tokens), len(hit), bs), held, path)
 
     def reset(self) -> None:
         """Forget everything (a server restart)."""
