@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
                     help="seconds between the two polls (default 5)")
 
+    from .audit.cli import add_audit_parser
     from .dashboards_cli import add_dashboards_parser
     from .demo import add_demo_parser
     from .rules_cli import add_rules_parser
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_parser(sub)
     add_rules_parser(sub)
     add_dashboards_parser(sub)
+    add_audit_parser(sub)
     add_demo_parser(sub)
     return parser
 
@@ -158,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands = {"exporter": run_exporter, "status": run_status}
+    from .audit.cli import run_audit
     from .dashboards_cli import run_dashboards
     from .demo import run_demo
     from .rules_cli import run_rules
@@ -166,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands["simulate"] = run_simulate
     commands["rules"] = run_rules
     commands["dashboards"] = run_dashboards
+    commands["audit"] = run_audit
     commands["demo"] = run_demo
     try:
         return commands[args.command](args)

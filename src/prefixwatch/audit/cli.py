@@ -1,0 +1,231 @@
+"""`prefixwatch audit`: which token breaks the prefix cache, and what a fix would achieve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+from tqdm import tqdm
+
+from ..config import ConfigError
+from .analysis import Auditor, Report, diff
+from .logs import BadLine, LogRequest, parse_request, read_jsonl
+from .tokenizers import (
+    AuditError,
+    BuiltinTokenizer,
+    HFTokenizer,
+    NoTokenizer,
+    ServerTokenizer,
+    Tokenizer,
+)
+
+log = logging.getLogger("prefixwatch.audit")
+BATCH = 64
+
+
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "audit", help="find where prompts stop sharing a prefix in a request log",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Replay a JSONL request log (OpenAI chat, completion or pre-tokenized "
+                    "lines, oldest first) through vLLM's prefix-caching rule: the hit rate an "
+                    "unlimited cache could reach, where requests stop matching, what varies "
+                    "there and how to fix it.\n\n"
+                    "  prefixwatch audit requests.jsonl --server http://localhost:8000\n"
+                    "  prefixwatch audit diff first.json second.json --tokenizer ./tok\n",
+        epilog="Exit status: 0 ok, 1 achievable hit rate under --fail-under, 2 bad input.")
+    p.add_argument("logs", nargs="+", metavar="LOG",
+                   help="JSONL log files ('-' for stdin); or `diff A.json B.json`")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--server", metavar="URL",
+                     help="tokenize with vLLM's POST /tokenize at URL (chat template included)")
+    how.add_argument("--tokenizer", metavar="DIR",
+                     help="a local Hugging Face tokenizer directory (offline), or 'builtin' "
+                          "for the simulator's tokenizer")
+    p.add_argument("--block-size", type=int, metavar="N",
+                   help="tokens per KV block (default: the server's, else 16)")
+    p.add_argument("--kv-blocks", type=int, metavar="N",
+                   help="also replay through an LRU pool of N blocks (eviction)")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="a readable report (default) or JSON for CI")
+    p.add_argument("--top", type=int, default=10, help="divergence positions to show")
+    p.add_argument("--redact", action="store_true",
+                   help="hide the decoded context (logs hold user data)")
+    p.add_argument("--fail-under", type=float, metavar="RATE",
+                   help="exit 1 when the achievable hit rate is below RATE (0-1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _tokenizer(args: argparse.Namespace) -> Tokenizer:
+    if args.server:
+        return ServerTokenizer(args.server)
+    if args.tokenizer == "builtin":
+        return BuiltinTokenizer()
+    if args.tokenizer:
+        return HFTokenizer(args.tokenizer)
+    return NoTokenizer()
+
+
+def _batches(items: Iterable[LogRequest | BadLine], size: int
+             ) -> Iterator[list[LogRequest | BadLine]]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    try:
+        if args.logs[0] == "diff":
+            return _run_diff(args)
+        return _run_log(args)
+    except AuditError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _block_size(args: argparse.Namespace, tok: Tokenizer) -> int:
+    if args.block_size is not None:
+        if args.block_size < 1:
+            raise ConfigError("--block-size must be at least 1")
+        return args.block_size
+    if isinstance(tok, ServerTokenizer):
+        found = tok.block_size()
+        if found:
+            log.info("block size %d, from the server's vllm:cache_config_info", found)
+            return found
+    return 16
+
+
+def _run_log(args: argparse.Namespace) -> int:
+    if args.fail_under is not None and not 0 <= args.fail_under <= 1:
+        raise ConfigError("--fail-under takes a rate between 0 and 1")
+    if args.kv_blocks is not None and args.kv_blocks < 2:
+        raise ConfigError("--kv-blocks must be at least 2")
+    for path in args.logs:
+        if path != "-":
+            try:
+                open(path, "rb").close()
+            except OSError as exc:
+                raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    tok = _tokenizer(args)
+    auditor = Auditor(_block_size(args, tok), args.kv_blocks)
+    report = auditor.report
+    bar = tqdm(unit=" req", desc="auditing", file=sys.stderr,
+               disable=args.no_progress or not sys.stderr.isatty())
+    for batch in _batches(read_jsonl(args.logs), BATCH):
+        good = [r for r in batch if isinstance(r, LogRequest)]
+        tokenized = iter(tok.tokenize(good))
+        for item in batch:
+            if isinstance(item, BadLine):
+                report.bad_lines.append((item.where, item.reason))
+                log.warning("%s: skipped: %s", item.where, item.reason)
+                continue
+            ids = next(tokenized)
+            if isinstance(ids, str):
+                report.bad_lines.append((item.where, ids))
+                log.warning("%s: skipped: %s", item.where, ids)
+                continue
+            auditor.add(ids, item.extra_keys)
+        bar.update(len(batch))
+    bar.close()
+    top = report.top_divergences(tok.decode, args.top, args.redact)
+    if args.format == "json":
+        print(json.dumps(_as_json(report, top), indent=2))
+    else:
+        print(_as_text(report, top))
+    rate = report.achievable_hit_rate
+    if args.fail_under is not None and (rate is None or rate < args.fail_under):
+        return 1
+    return 0
+
+
+def _as_json(report: Report, top: list[dict]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "requests": report.requests, "prompt_tokens": report.prompt_tokens,
+        "cacheable_tokens": report.cacheable_tokens,
+        "achievable_hit_rate": report.achievable_hit_rate,
+        "block_size": report.block_size, "divergence": top,
+        "skipped_lines": len(report.bad_lines),
+    }
+    if report.kv_blocks is not None:
+        out["kv_blocks"] = report.kv_blocks
+        out["simulated_hit_rate"] = report.simulated_hit_rate
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _as_text(report: Report, top: list[dict]) -> str:
+    lines = [
+        f"requests            {report.requests}",
+        f"prompt tokens       {report.prompt_tokens}",
+        f"cacheable tokens    {report.cacheable_tokens}   (unlimited cache, block size "
+        f"{report.block_size})",
+        f"achievable hit rate {_pct(report.achievable_hit_rate)}",
+    ]
+    if report.kv_blocks is not None:
+        lines.append(f"simulated hit rate  {_pct(report.simulated_hit_rate)}   "
+                     f"(LRU pool of {report.kv_blocks} blocks)")
+    if report.bad_lines:
+        lines.append(f"skipped lines       {len(report.bad_lines)} (first: "
+                     f"{report.bad_lines[0][0]}: {report.bad_lines[0][1]})")
+    if top:
+        lines += ["", "Where requests stop matching earlier ones (most frequent first):", "",
+                  f"{'POSITION':>8}  {'REQUESTS':>8}  {'KIND':<10}  CONTEXT"]
+        for row in top:
+            context = row["context"].replace("\n", "\\n")
+            lines.append(f"{row['position']:>8}  {row['count']:>8}  {row['kind']:<10}  "
+                         f"{context[:160]}")
+        lines += ["", "Fixes (docs/runbooks.md, PrefixCacheHitRateLow):"]
+        for kind in dict.fromkeys(row["kind"] for row in top):
+            fix = next(r["fix"] for r in top if r["kind"] == kind)
+            lines.append(f"  {kind}: {fix}")
+    return "\n".join(lines)
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    if len(args.logs) != 3:
+        raise ConfigError("usage: prefixwatch audit diff A.json B.json")
+    tok = _tokenizer(args)
+    requests_: list[LogRequest] = []
+    for path in args.logs[1:]:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                requests_.append(parse_request(json.load(fh), path))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
+    ids = tok.tokenize(requests_)
+    for path, item in zip(args.logs[1:], ids, strict=True):
+        if isinstance(item, str):
+            raise ConfigError(f"{path}: {item}")
+    a, b = ids  # type: ignore[misc]
+    bs = _block_size(args, tok)
+    result = diff(a, b, bs)  # type: ignore[arg-type]
+    pos = result["first_divergent_token"]
+    if args.format == "json":
+        if args.redact:
+            result["context"] = "[redacted]"
+        elif pos is not None:
+            result["context"] = {"a": tok.decode(a[max(0, pos - 12):pos + 12]),  # type: ignore
+                                 "b": tok.decode(b[max(0, pos - 12):pos + 12])}  # type: ignore
+        print(json.dumps(result, indent=2))
+        return 0
+    if pos is None:
+        print("the two prompts are identical")
+    else:
+        print(f"first divergent token: {pos}")
+        if not args.redact:
+            print(f"  A: {tok.decode(a[max(0, pos - 12):pos])!r} ⟦"  # type: ignore[index]
+                  f"{tok.decode(a[pos:pos + 12])!r}⟧")  # type: ignore[index]
+            print(f"  B: {tok.decode(b[max(0, pos - 12):pos])!r} ⟦"  # type: ignore[index]
+                  f"{tok.decode(b[pos:pos + 12])!r}⟧")  # type: ignore[index]
+    print(f"reusable blocks: {result['reusable_blocks']} of {result['blocks']}")
+    return 0
