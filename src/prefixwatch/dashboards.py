@@ -340,15 +340,9 @@ def overview(source: str = "exporter") -> g.Dashboard:
     p.prompt_length(12, 21)
     p.external_cache(0, 29)
     p.scrape_health(12, 29)
-    suffix = "" if source == "exporter" else f" ({source} series)"
-    return g.Dashboard(
-        title=f"prefixwatch / Prefix cache overview{suffix}",
-        uid=f"prefixwatch-overview{'' if source == 'exporter' else '-' + source}",
-        description="Is the prefix cache working, since when not, on which model and replica, "
-                    "and what it costs in TTFT.",
-        tags=["prefixwatch", "vllm", "prefix-cache"], panels=p.panels, links=_links(),
-        templating=_templating(s, one_replica=False), refresh="30s",
-        time=g.Time("now-3h", "now"), timezone="browser", graphTooltip=1)
+    return _dashboard("overview", "Prefix cache overview", source, p,
+                      "Is the prefix cache working, since when not, on which model and "
+                      "replica, and what it costs in TTFT.")
 
 
 def replica(source: str = "exporter") -> g.Dashboard:
@@ -364,13 +358,20 @@ def replica(source: str = "exporter") -> g.Dashboard:
     p.requests(12, 21)
     p.external_cache(0, 29)
     p.scrape_health(12, 29)
+    return _dashboard("replica", "Replica drill-down", source, p,
+                      "The prefix-cache signals of one replica, chosen with the Replica "
+                      "variable.")
+
+
+def _dashboard(kind: str, title: str, source: str, panels: Panels,
+               description: str) -> g.Dashboard:
     suffix = "" if source == "exporter" else f" ({source} series)"
     return g.Dashboard(
-        title=f"prefixwatch / Replica drill-down{suffix}",
-        uid=f"prefixwatch-replica{'' if source == 'exporter' else '-' + source}",
-        description="The prefix-cache signals of one replica, chosen with the Replica variable.",
-        tags=["prefixwatch", "vllm", "prefix-cache"], panels=p.panels, links=_links(),
-        templating=_templating(s, one_replica=True), refresh="30s",
+        title=f"prefixwatch / {title}{suffix}",
+        uid=f"prefixwatch-{kind}{'' if source == 'exporter' else '-' + source}",
+        description=description, tags=["prefixwatch", "vllm", "prefix-cache"],
+        panels=panels.panels, links=_links(),
+        templating=_templating(panels.s, one_replica=panels.one), refresh="30s",
         time=g.Time("now-3h", "now"), timezone="browser", graphTooltip=1)
 
 

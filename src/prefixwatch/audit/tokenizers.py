@@ -36,6 +36,16 @@ def _pretokenized(req: LogRequest) -> list[int] | None:
     return list(req.token_ids) if req.token_ids is not None else None
 
 
+class OneByOne:
+    """Tokenizes a batch request by request; pre-tokenized requests pass through."""
+
+    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
+        return [_pretokenized(req) or self._one(req) for req in batch]
+
+    def _one(self, req: LogRequest) -> list[int] | str:
+        raise NotImplementedError
+
+
 class NoTokenizer:
     """Only pre-tokenized lines; others are reported as needing --server or --tokenizer."""
 
@@ -47,7 +57,7 @@ class NoTokenizer:
         return " ".join(str(t) for t in tokens)
 
 
-class BuiltinTokenizer:
+class BuiltinTokenizer(OneByOne):
     def __init__(self) -> None:
         from ..simulator.tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
 
@@ -55,22 +65,15 @@ class BuiltinTokenizer:
         self._template = apply_chat_template
         self._bos = (BOS, SPECIAL_TOKENS[BOS])
 
-    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
-        out: list[list[int] | str] = []
-        for req in batch:
-            ids = _pretokenized(req)
-            if ids is not None:
-                out.append(ids)
-            elif req.messages is not None:
-                try:
-                    out.append(self._tok.encode(self._template(req.messages, req.tools)))
-                except ValueError as exc:
-                    out.append(str(exc))
-            else:
-                assert req.prompt is not None
-                ids = self._tok.encode(req.prompt)
-                out.append(ids if req.prompt.startswith(self._bos[0]) else [self._bos[1], *ids])
-        return out
+    def _one(self, req: LogRequest) -> list[int] | str:
+        if req.messages is not None:
+            try:
+                return self._tok.encode(self._template(req.messages, req.tools))
+            except ValueError as exc:
+                return str(exc)
+        assert req.prompt is not None
+        ids = self._tok.encode(req.prompt)
+        return ids if req.prompt.startswith(self._bos[0]) else [self._bos[1], *ids]
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self._tok.decode(tokens)
@@ -140,7 +143,7 @@ class ServerTokenizer:
         return sizes.pop() if len(sizes) == 1 else None
 
 
-class HFTokenizer:
+class HFTokenizer(OneByOne):
     """A Hugging Face tokenizer directory, offline (transformers is an optional dependency)."""
 
     def __init__(self, directory: str) -> None:
@@ -156,26 +159,18 @@ class HFTokenizer:
         except Exception as exc:  # transformers raises many kinds
             raise AuditError(f"cannot load a tokenizer from {directory!r}: {exc}") from exc
 
-    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
-        out: list[list[int] | str] = []
-        for req in batch:
-            ids = _pretokenized(req)
-            if ids is not None:
-                out.append(ids)
-                continue
-            try:
-                if req.messages is not None:
-                    ids = self._tok.apply_chat_template(
-                        req.messages, tools=req.tools, add_generation_prompt=True,
-                        tokenize=True)
-                    if not isinstance(ids, list):  # newer transformers: a BatchEncoding
-                        ids = ids["input_ids"]
-                else:
-                    ids = self._tok.encode(req.prompt)
-                out.append(list(ids))
-            except Exception as exc:
-                out.append(f"tokenizer failed: {exc}")
-        return out
+    def _one(self, req: LogRequest) -> list[int] | str:
+        try:
+            if req.messages is not None:
+                ids = self._tok.apply_chat_template(
+                    req.messages, tools=req.tools, add_generation_prompt=True, tokenize=True)
+                if not isinstance(ids, list):  # newer transformers: a BatchEncoding
+                    ids = ids["input_ids"]
+            else:
+                ids = self._tok.encode(req.prompt)
+            return list(ids)
+        except Exception as exc:
+            return f"tokenizer failed: {exc}"
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self._tok.decode(list(tokens)))
