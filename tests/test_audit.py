@@ -238,6 +238,7 @@ def test_local_hugging_face_tokenizer(tmp_path: Path) -> None:
     out = run(str(log), "--tokenizer", str(directory), "--format", "json", "--block-size", "4")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
+    assert report["skipped_lines"] == 0, out.stderr
     assert report["requests"] == 3 and report["cacheable_tokens"] == 2 * 8
     top = report["divergence"][0]
     # <s> system : current date and time is 2026-11-30 | 06:11:xx: token 9 differs.

@@ -150,6 +150,7 @@ class HFTokenizer(OneByOne):
         if not Path(directory).is_dir():
             raise AuditError(f"tokenizer directory {directory!r} does not exist")
         try:
+            import jinja2  # noqa: F401 - transformers renders chat templates with it
             from transformers import AutoTokenizer  # type: ignore[import-not-found]
         except ImportError as exc:
             raise AuditError("--tokenizer needs transformers: pip install "
