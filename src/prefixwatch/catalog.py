@@ -58,6 +58,8 @@ class OutMetric:
     kind: str  # counter | gauge | histogram | info
     help: str
     labels: tuple[str, ...]
+    #: For info metrics: the keys of the info value (client_python adds them as labels).
+    info_keys: tuple[str, ...] = ()
 
 
 _SERIES = (L_TARGET, L_MODEL, L_ENGINE, L_SERVER)
@@ -137,7 +139,8 @@ OUT_TARGET_UP = OutMetric(
     "1 when the last poll of the target succeeded, 0 otherwise.", (L_TARGET,))
 OUT_TARGET_INFO = OutMetric(
     "prefixwatch_target", "info",
-    "Engine kind and metric schema detected on the target.", (L_TARGET, L_SERVER, L_SCHEMA))
+    "Engine kind and metric schema detected on the target.", (L_TARGET,),
+    info_keys=(L_SERVER, L_SCHEMA))
 OUT_SCRAPE_DURATION = OutMetric(
     "prefixwatch_scrape_duration_seconds", "gauge",
     "Seconds the last poll of the target took.", (L_TARGET,))
@@ -151,7 +154,8 @@ OUT_ROUND_DURATION = OutMetric(
     "prefixwatch_poll_round_duration_seconds", "gauge",
     "Seconds the last round of polling all targets took; keep it under the interval.", ())
 OUT_BUILD_INFO = OutMetric(
-    "prefixwatch_build", "info", "prefixwatch version and Python version.", ("version", "python"))
+    "prefixwatch_build", "info", "prefixwatch version and Python version.", (),
+    info_keys=("version", "python"))
 
 #: Reasons a poll fails; every one is pre-initialised to 0 for every target.
 SCRAPE_ERROR_REASONS: tuple[str, ...] = (

@@ -26,8 +26,8 @@ from .monitor import TargetMonitor
 from .windows import ratio
 
 
-def _family(metric: OutMetric, labels: tuple[str, ...] | None = None) -> Metric:
-    names = list(labels if labels is not None else metric.labels)
+def _family(metric: OutMetric) -> Metric:
+    names = list(metric.labels)
     if metric.kind == "counter":
         return CounterMetricFamily(metric.name, metric.help, labels=names)
     if metric.kind == "histogram":
@@ -65,16 +65,12 @@ class PrefixwatchCollector(Collector):
 
         def family(metric: OutMetric) -> Metric:
             if metric.name not in fam:
-                labels = tuple(label for label in metric.labels if label not in ("version",))
-                if metric.kind == "info" and metric is catalog.OUT_TARGET_INFO:
-                    labels = (catalog.L_TARGET,)
-                if metric is catalog.OUT_BUILD_INFO:
-                    labels = ()
-                fam[metric.name] = _family(metric, labels)
+                fam[metric.name] = _family(metric)
             return fam[metric.name]
 
         build = family(catalog.OUT_BUILD_INFO)
-        build.add_metric([], {"version": __version__, "python": platform.python_version()})
+        build.add_metric([], dict(zip(catalog.OUT_BUILD_INFO.info_keys,
+                                      (__version__, platform.python_version()), strict=True)))
         if self.round_seconds is not None:
             family(catalog.OUT_ROUND_DURATION).add_metric([], self.round_seconds)
         for metric in (catalog.OUT_TARGET_UP, catalog.OUT_SCRAPE_DURATION,
@@ -109,7 +105,8 @@ class PrefixwatchCollector(Collector):
             return
         server = snap.schema.server
         family(catalog.OUT_TARGET_INFO).add_metric(
-            [t], {catalog.L_SERVER: server, catalog.L_SCHEMA: snap.schema.schema})
+            [t], dict(zip(catalog.OUT_TARGET_INFO.info_keys, (server, snap.schema.schema),
+                          strict=True)))
 
         for (model, engine), state in sorted(mon.series.items()):
             labels = [t, model, engine, server]

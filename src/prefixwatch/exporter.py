@@ -112,6 +112,7 @@ class Exporter:
     # -- pages ---------------------------------------------------------------------------------
 
     def landing_page(self) -> str:
+        window = self.config.windows[0] if self.config.windows else None
         rows = []
         for mon in self.monitors:
             with mon.lock:
@@ -119,9 +120,9 @@ class Exporter:
                 schema = mon.snapshot.schema.schema if mon.snapshot and mon.up else ""
                 error = mon.last_error if not mon.up else ""
                 ratios = ", ".join(
-                    f"{m}: {f.windows['5m'].hit_ratio:.1%} (5m)"
+                    f"{m}: {f.windows[window].hit_ratio:.1%} ({window})"
                     for m, f in sorted(mon.models.items())
-                    if "5m" in f.windows and f.windows["5m"].hit_ratio is not None)
+                    if window in f.windows and f.windows[window].hit_ratio is not None)
             rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
                 mon.name, mon.target.url, state, schema, ratios, error)) + "</tr>")
         return (
