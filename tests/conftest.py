@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -139,3 +141,19 @@ def npm_packages(name: str, packages: tuple[str, ...]) -> Path:
                        cwd=workdir, check=True, timeout=600)
         marker.write_text(" ".join(packages))
     return workdir
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Until url answers 200; fails at once if the process behind it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"{proc.args[0]} exited: {err}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not ready")

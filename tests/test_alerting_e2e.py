@@ -16,7 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 
 from prefixwatch import alertmanager, rules
@@ -27,7 +26,7 @@ from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
 
-from .conftest import free_port, require_binary
+from .conftest import free_port, require_binary, wait_ready
 
 ROOT = Path(__file__).parent.parent
 TIME_SCALE = 0.05  # 5m windows become 15s, `for: 2m` becomes 6s
@@ -63,21 +62,6 @@ class Webhook:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise AssertionError(f"{proc.args[0]} exited: {err}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} not ready")
 
 
 @pytest.mark.integration

@@ -16,7 +16,7 @@ import yaml
 
 from prefixwatch import catalog, dashboards, rules
 
-from .conftest import free_port, npm_packages, require_binary
+from .conftest import free_port, npm_packages, require_binary, wait_ready
 
 ROOT = Path(__file__).parent.parent
 SCHEMA_PACKAGES = ("@grafana/schema@13.2.3", "ts-json-schema-generator@2.4.0")
@@ -158,14 +158,7 @@ class Prom:
         return body["data"]["result"]
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://127.0.0.1:{self.port}/-/ready", timeout=1).ok:
-                    return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise AssertionError("prometheus not ready")
+        wait_ready(f"http://127.0.0.1:{self.port}/-/ready", self.proc)
 
     def stop(self) -> None:
         self.proc.terminate()

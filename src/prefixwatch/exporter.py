@@ -104,6 +104,8 @@ class Exporter:
         for thread in self._threads:
             thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for mon in self.monitors:
+            mon.close()
 
     def wait(self) -> None:
         while not self._stop.wait(1.0):

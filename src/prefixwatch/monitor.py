@@ -110,9 +110,14 @@ class TargetMonitor:
         self.errors = dict.fromkeys(catalog.SCRAPE_ERROR_REASONS, 0)
         self.series: dict[SeriesKey, SeriesState] = {}
         self.models: dict[str, ModelFigures] = {}
-        self.restarts = 0
         self._state: tuple[bool, str | None] | None = None
         self._schema: str | None = None
+
+    def close(self) -> None:
+        """Release the target's HTTP connections."""
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -202,7 +207,6 @@ class TargetMonitor:
                     history = SeriesHistory(layout, self._tiers, self.interval)
                 created = values.created.get("queries")
                 if history.add(now, raw_vector(values, layout), created):
-                    self.restarts += 1
                     log.info("target %s: counters of %s/engine %s reset (server restart)",
                              self.name, key[0], key[1])
             fresh[key] = SeriesState(values, history)

@@ -190,7 +190,8 @@ def _series_key(schema: SourceSchema, labels: dict[str, str]) -> SeriesKey | Non
     return labels.get(catalog.L_MODEL, ""), engine
 
 
-def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]]) -> Snapshot:
+def _role_tables(schema: SourceSchema) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str]]:
+    """Sample name -> roles it plays, and histogram sample name -> role, for one schema."""
     # One sample may play several roles (SGLang's prompt tokens are also its cache queries).
     roles_by_sample: dict[str, list[tuple[str, str]]] = {}
     for role, name in schema.counter_roles().items():
@@ -203,7 +204,14 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
     for role, name in schema.histogram_roles().items():
         for suffix in ("_bucket", "_sum", "_count"):
             hist_roles[name + suffix] = role
+    return roles_by_sample, hist_roles
 
+
+_ROLES = {s.schema: _role_tables(s) for s in catalog.SCHEMAS}
+
+
+def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]]) -> Snapshot:
+    roles_by_sample, hist_roles = _ROLES[schema.schema]
     series: dict[SeriesKey, SeriesValues] = {}
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     buckets: dict[tuple[SeriesKey, str], dict[float, float]] = {}

@@ -36,6 +36,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     time.sleep(gap)
     for mon in monitors:
         mon.poll()
+        mon.close()
     rows: list[StatusRow] = []
     for mon in monitors:
         if not mon.up or mon.snapshot is None:

@@ -146,10 +146,6 @@ class SeriesHistory:
         """Distinct points held (tiers share the vectors they have in common)."""
         return len({id(v) for tier in self._tiers for v in tier.values})
 
-    @property
-    def latest_raw(self) -> array | None:
-        return self._last_raw
-
     def delta(self, now: float, window: float) -> tuple[float, array] | None:
         """(seconds covered, adjusted delta vector) over the window ending at the last poll.
 

@@ -242,7 +242,12 @@ class Auditor:
         if result.divergence is not None:
             pos = result.divergence.position
             r.positions[pos] += 1
-            if pos not in r.examples and len(r.examples) < MAX_EXAMPLES * 16:
+            if pos not in r.examples:
+                if len(r.examples) >= MAX_EXAMPLES * 16:
+                    # Keep the examples of the frequent positions; rare ones make room (and
+                    # get an example again the next time they occur).
+                    keep = {p for p, _ in r.positions.most_common(MAX_EXAMPLES * 8)}
+                    r.examples = {p: ex for p, ex in r.examples.items() if p in keep}
                 r.examples[pos] = result.divergence
         return result
 

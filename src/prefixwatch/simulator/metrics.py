@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 
 from .. import catalog
-from .engine import Engine, EngineStats, SimRequest
+from .engine import Engine, SimRequest
 
 
 def _declare(family: catalog.PageFamily, registry: CollectorRegistry) -> Any:
@@ -175,8 +175,3 @@ class PageMetrics:
     def render(self) -> bytes:
         self.refresh_gauges()
         return generate_latest(self.registry)
-
-
-def detach(metrics: PageMetrics, stats: EngineStats) -> None:
-    if metrics.on_event in stats.listeners:
-        stats.listeners.remove(metrics.on_event)

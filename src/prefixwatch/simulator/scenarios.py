@@ -257,10 +257,6 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
-def scenario_names() -> list[str]:
-    return list(SCENARIOS)
-
-
 def describe() -> str:
     width = max(len(n) for n in SCENARIOS)
     lines = []
