@@ -157,6 +157,113 @@ OUT_BUILD_INFO = OutMetric(
     "prefixwatch_build", "info", "prefixwatch version and Python version.", (),
     info_keys=("version", "python"))
 
+# -- Diagnosis: why the hit rate is low ------------------------------------------------------
+
+L_CAUSE = "cause"
+L_KIND = "kind"
+L_RESULT = "result"
+
+OUT_DIAGNOSIS = OutMetric(
+    "prefixwatch_diagnosis", "gauge",
+    "1 while a cause of a low hit rate holds for the target and model, 0 otherwise; every "
+    "cause is always present (rules in docs/runbooks.md#diagnosis).",
+    (L_TARGET, L_MODEL, L_CAUSE))
+OUT_ACHIEVABLE = OutMetric(
+    "prefixwatch_achievable_hit_ratio", "gauge",
+    "Hit ratio an unlimited prefix cache would reach on the logged requests of the window "
+    "(vLLM's rule: whole blocks, n-1 cap); absent without a requests log or traffic.",
+    (L_MODEL, L_WINDOW))
+OUT_DIVERGENCE = OutMetric(
+    "prefixwatch_prefix_divergence_tokens", "histogram",
+    "Token position where a logged request stops matching the closest earlier request.",
+    (L_MODEL,))
+OUT_DIVERGENCE_KIND = OutMetric(
+    "prefixwatch_prefix_divergence_requests", "gauge",
+    "Logged requests of the window that diverge early, by what varies there (never the text).",
+    (L_MODEL, L_WINDOW, L_KIND))
+OUT_DIVERGENCE_TOP_KIND = OutMetric(
+    "prefixwatch_prefix_divergence_top_kind", "gauge",
+    "1 on the most frequent divergence kind of the window.", (L_MODEL, L_WINDOW, L_KIND))
+OUT_REQUESTS_LOG_LINES = OutMetric(
+    "prefixwatch_requests_log_lines", "counter",
+    "Lines read from the requests log, by result (request, truncated, skipped, other).",
+    (L_RESULT,))
+OUT_REQUESTS_WINDOW = OutMetric(
+    "prefixwatch_requests_window_requests", "gauge",
+    "Requests held in the sliding window of the request-level view.", ())
+OUT_REQUESTS_WINDOW_BLOCKS = OutMetric(
+    "prefixwatch_requests_window_blocks", "gauge",
+    "Distinct KV blocks held by the sliding window (its memory is proportional to this).", ())
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause of a low hit rate, with the rule that detects it (documented in the runbook)."""
+
+    name: str
+    summary: str
+    rule: str
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause("caching_disabled", "prefix caching is switched off",
+          "vllm:cache_config_info says enable_prefix_caching=False."),
+    Cause("eviction_pressure", "the KV pool is full and evicts cached prefixes",
+          "KV usage peaked at or above kv_usage_full in the window and requests were preempted, "
+          "or requests kept waiting, or (--kv-cache-metrics) cached blocks were evicted after "
+          "less than evict_idle_seconds idle; or, with a requests log and a single replica, the "
+          "achieved ratio is routing_gap or more below the achievable one."),
+    Cause("short_prompts", "most prompts are shorter than one KV block",
+          "At least short_prompt_share of the window's requests have a prompt of at most one "
+          "block (from the prompt-length histogram)."),
+    Cause("prompt_variance", "prompt lengths vary so much that little can be shared",
+          "The hit ratio is below the threshold and the prompt-length p99 is at least "
+          "prompt_variance_ratio times the p50 (min_requests or more requests)."),
+    Cause("cold_start", "the server (re)started recently: the cache is cold",
+          "The counters were created or reset less than cold_start ago."),
+    Cause("prefix_divergence", "prompts differ near the top: no cache could serve them",
+          "From the requests log: the achievable ratio of prompts longer than one block is below "
+          "the threshold (min_requests or more requests)."),
+    Cause("routing_spread", "requests of one prefix are spread over several replicas",
+          "From the requests log: several replicas serve the model, the fleet's achieved ratio "
+          "is routing_gap or more below the achievable one, and no replica shows "
+          "eviction_pressure."),
+    Cause("no_ttft_benefit", "the hit rate rose but TTFT did not fall",
+          "The hit ratio of the window is ttft_rise or more above the window before it, and "
+          "the TTFT p50 is not below ttft_fall times the previous one."),
+)
+CAUSE_NAMES: tuple[str, ...] = tuple(c.name for c in CAUSES)
+
+#: What varies where requests diverge (the audit's kinds); "unknown" without a decoder.
+DIVERGENCE_KINDS: tuple[str, ...] = ("date/time", "id", "key order", "number", "name", "text",
+                                     "unknown")
+#: Buckets of the divergence-position histogram, in tokens.
+DIVERGENCE_BUCKETS: tuple[float, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                         16384, 32768)
+REQUESTS_LOG_RESULTS: tuple[str, ...] = ("request", "truncated", "skipped", "other")
+
+DIAGNOSIS_WINDOW = "5m"
+COLD_START = "10m"
+#: Sliding window of the request-level view: at most this many requests and blocks.
+REQUESTS_WINDOW_REQUESTS = 4096
+REQUESTS_WINDOW_BLOCKS = 262_144
+
+
+@dataclass(frozen=True)
+class DiagnosisThresholds:
+    """Every number the diagnosis rules use; overridable under ``diagnosis:`` in the config."""
+
+    hit_ratio: float = DEFAULT_HIT_RATIO_THRESHOLD
+    kv_usage_full: float = 0.90
+    evict_idle_seconds: float = 60.0
+    short_prompt_share: float = 0.5
+    prompt_variance_ratio: float = 10.0
+    min_requests: int = 20
+    routing_gap: float = 0.20
+    ttft_rise: float = 0.20
+    ttft_fall: float = 0.95
+
+
 #: Reasons a poll fails; every one is pre-initialised to 0 for every target.
 SCRAPE_ERROR_REASONS: tuple[str, ...] = (
     "connect",        # connection refused, DNS, reset
@@ -194,6 +301,8 @@ class SourceSchema:
     preemptions: str | None = None
     ttft: str | None = None  # histogram family name
     prompt_len: str | None = None  # histogram family name
+    #: vLLM --kv-cache-metrics: idle time of cached blocks before eviction (histogram).
+    kv_idle_evict: str | None = None
     kv_usage: str | None = None
     running: str | None = None
     waiting: str | None = None
@@ -219,7 +328,8 @@ class SourceSchema:
         return {r: getattr(self, r) for r in roles if getattr(self, r)}
 
     def histogram_roles(self) -> dict[str, str]:
-        return {r: getattr(self, r) for r in ("ttft", "prompt_len") if getattr(self, r)}
+        return {r: getattr(self, r) for r in ("ttft", "prompt_len", "kv_idle_evict")
+                if getattr(self, r)}
 
     def sample_names(self) -> frozenset[str]:
         """Every sample name this schema reads: the selective parser keeps only these."""
@@ -247,6 +357,7 @@ VLLM_V1 = SourceSchema(
     preemptions="vllm:num_preemptions_total",
     ttft="vllm:time_to_first_token_seconds",
     prompt_len="vllm:request_prompt_tokens",
+    kv_idle_evict="vllm:kv_block_idle_before_evict_seconds",
     kv_usage="vllm:kv_cache_usage_perc",
     running="vllm:num_requests_running",
     waiting="vllm:num_requests_waiting",

@@ -77,6 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(default {' '.join(catalog.DEFAULT_WINDOWS)})")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
+    diag = exp.add_argument_group(
+        "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
+    diag.add_argument("--diagnosis-window", metavar="DURATION",
+                      help=f"window the causes are judged over (default "
+                           f"{catalog.DIAGNOSIS_WINDOW})")
+    diag.add_argument("--cold-start", metavar="DURATION",
+                      help=f"a server that (re)started less than this ago is cold "
+                           f"(default {catalog.COLD_START})")
+    diag.add_argument("--requests-log", metavar="PATH",
+                      help="opt-in request-level view: a JSONL request log (as `audit` reads) "
+                           "or vLLM's own log with --enable-log-requests and "
+                           "VLLM_LOGGING_LEVEL=DEBUG (vLLM 0.6 to 0.33)")
+    diag.add_argument("--follow", action="store_true", default=None,
+                      help="follow the requests log as it grows (tail -F: rotation and "
+                           "truncation handled); without it the file is read once")
+    diag.add_argument("--requests-tokenizer", metavar="SPEC",
+                      help="tokenizer for text requests and divergence kinds: 'server' (the "
+                           "first target's /tokenize, default), a URL, a Hugging Face "
+                           "tokenizer directory, 'builtin' (the simulator's) or 'none'")
+    diag.add_argument("--max-log-len", type=int, metavar="N",
+                      help="the server's --max-log-len: logged token ids of N are cut "
+                           "(counted as truncated)")
+    diag.add_argument("--requests-model", metavar="NAME",
+                      help="the model the requests log belongs to (default: every model)")
 
     st = sub.add_parser(
         "status", help="one-shot view of the prefix cache, without Prometheus",
@@ -108,7 +132,15 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
     )
     if with_exporter_flags:
         kwargs.update(interval=args.interval, listen_address=args.listen_address,
-                      windows=args.window, otlp_endpoint=args.otlp_endpoint)
+                      windows=args.window, otlp_endpoint=args.otlp_endpoint,
+                      diagnosis_window=args.diagnosis_window, cold_start=args.cold_start)
+        log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
+                     "max_log_len": args.max_log_len, "model": args.requests_model}
+        if args.requests_log:
+            kwargs["requests_log"] = {"path": args.requests_log, **log_flags}
+        elif any(v is not None for v in log_flags.values()):
+            raise ConfigError("--follow, --requests-tokenizer, --max-log-len and "
+                              "--requests-model go with --requests-log PATH")
     return build_config(**kwargs)
 
 

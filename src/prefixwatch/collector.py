@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import platform
+import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import (
@@ -22,8 +24,28 @@ from prometheus_client.utils import floatToGoString
 
 from . import __version__, catalog
 from .catalog import OutMetric
+from .diagnosis import Diagnosis, RequestEvidence
 from .monitor import TargetMonitor
+from .requestview import RequestView
 from .windows import ratio
+
+
+class DiagnosisState:
+    """The latest diagnosis, written by the poll loop after each round, read by scrapes."""
+
+    def __init__(self, window: str) -> None:
+        self.window = window
+        self.lock = threading.Lock()
+        self.diagnosis = Diagnosis()
+        self.requests: dict[str, RequestEvidence] = {}
+        self.kinds: dict[str, Counter[str]] = {}
+
+    def update(self, diagnosis: Diagnosis, requests: dict[str, RequestEvidence],
+               kinds: dict[str, Counter[str]]) -> None:
+        with self.lock:
+            self.diagnosis = diagnosis
+            self.requests = requests
+            self.kinds = kinds
 
 
 def _family(metric: OutMetric) -> Metric:
@@ -52,9 +74,14 @@ _HISTOGRAMS = (("ttft", catalog.OUT_TTFT), ("prompt_len", catalog.OUT_PROMPT_LEN
 
 
 class PrefixwatchCollector(Collector):
-    def __init__(self, monitors: Iterable[TargetMonitor], windows: dict[str, float]) -> None:
+    def __init__(self, monitors: Iterable[TargetMonitor], windows: dict[str, float],
+                 state: DiagnosisState | None = None, view: RequestView | None = None) -> None:
         self.monitors = list(monitors)
         self.windows = windows
+        self.state = state
+        self.view = view
+        #: The model a requests log belongs to (None: every model the targets serve).
+        self.view_model: str | None = None
         self.round_seconds: float | None = None  # set by the poll loop
 
     def describe(self) -> list[Metric]:
@@ -88,7 +115,48 @@ class PrefixwatchCollector(Collector):
             value = ratio(hits, queries)
             if value is not None:
                 fleet_family.add_metric([model, window], value)
+        if self.state is not None:
+            self._collect_diagnosis(family)
+        if self.view is not None:
+            self._collect_requests(family)
         yield from fam.values()
+
+    def _collect_diagnosis(self, family) -> None:
+        assert self.state is not None
+        diag = family(catalog.OUT_DIAGNOSIS)
+        up = {m.name for m in self.monitors if m.up}
+        with self.state.lock:
+            for (target, model), causes in sorted(self.state.diagnosis.causes.items()):
+                if target not in up:
+                    continue  # a target that is down has no diagnosis, only up=0
+                for cause in catalog.CAUSE_NAMES:
+                    diag.add_metric([target, model, cause], 1.0 if causes.get(cause) else 0.0)
+            window = self.state.window
+            for model, req in sorted(self.state.requests.items()):
+                value = req.achievable
+                if value is not None:
+                    family(catalog.OUT_ACHIEVABLE).add_metric([model, window], value)
+                kinds = self.state.kinds.get(model, Counter())
+                per_kind = family(catalog.OUT_DIVERGENCE_KIND)
+                for kind in catalog.DIVERGENCE_KINDS:
+                    per_kind.add_metric([model, window, kind], float(kinds.get(kind, 0)))
+                if kinds:
+                    top = max(catalog.DIVERGENCE_KINDS, key=lambda k: kinds.get(k, 0))
+                    family(catalog.OUT_DIVERGENCE_TOP_KIND).add_metric([model, window, top], 1.0)
+
+    def _collect_requests(self, family) -> None:
+        assert self.view is not None
+        lines = family(catalog.OUT_REQUESTS_LOG_LINES)
+        for result in catalog.REQUESTS_LOG_RESULTS:
+            lines.add_metric([result], float(self.view.lines.get(result, 0)))
+        held, blocks = self.view.window_size()
+        family(catalog.OUT_REQUESTS_WINDOW).add_metric([], float(held))
+        family(catalog.OUT_REQUESTS_WINDOW_BLOCKS).add_metric([], float(blocks))
+        buckets, total = self.view.histogram()
+        models = ([self.view_model] if self.view_model else
+                  sorted(self.state.requests) if self.state is not None else [])
+        for model in models:
+            family(catalog.OUT_DIVERGENCE).add_metric([model], buckets, total)
 
     def _collect_target(self, mon: TargetMonitor, family, fleet) -> None:
         t = mon.name

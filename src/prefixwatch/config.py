@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import catalog
+from .catalog import DiagnosisThresholds
+from .requestslog import RequestsLogConfig
 from .windows import parse_duration
 
 
@@ -39,6 +41,10 @@ class ExporterConfig:
     listen_address: str = catalog.DEFAULT_LISTEN_ADDRESS
     windows: tuple[str, ...] = catalog.DEFAULT_WINDOWS
     otlp_endpoint: str | None = None
+    diagnosis_window: str = catalog.DIAGNOSIS_WINDOW
+    cold_start: str = catalog.COLD_START
+    thresholds: DiagnosisThresholds = DiagnosisThresholds()
+    requests_log: RequestsLogConfig | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -93,7 +99,56 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
 _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
                 "max_body_bytes"}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
-             "target_defaults"}
+             "target_defaults", "diagnosis", "requests_log"}
+_DIAGNOSIS_KEYS = {"window", "cold_start"} | set(DiagnosisThresholds.__dataclass_fields__)
+_REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
+
+
+def _diagnosis_from(data: Any, where: str) -> tuple[str | None, str | None, DiagnosisThresholds]:
+    if data is None:
+        return None, None, DiagnosisThresholds()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: diagnosis must be a mapping")
+    unknown = set(data) - _DIAGNOSIS_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown diagnosis key {sorted(unknown)[0]!r}")
+    numbers = {k: v for k, v in data.items() if k not in ("window", "cold_start")}
+    try:
+        th = DiagnosisThresholds(**{k: type(getattr(DiagnosisThresholds(), k))(v)
+                                    for k, v in numbers.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: diagnosis: {exc}") from exc
+    for name in ("hit_ratio", "kv_usage_full", "short_prompt_share", "routing_gap", "ttft_rise",
+                 "ttft_fall"):
+        if not 0 < getattr(th, name) <= 1:
+            raise ConfigError(f"{where}: diagnosis.{name} must be in (0, 1]")
+    if th.min_requests < 1 or th.prompt_variance_ratio <= 1 or th.evict_idle_seconds <= 0:
+        raise ConfigError(f"{where}: diagnosis: min_requests >= 1, prompt_variance_ratio > 1, "
+                          "evict_idle_seconds > 0")
+    window = data.get("window")
+    cold = data.get("cold_start")
+    return (None if window is None else str(window), None if cold is None else str(cold), th)
+
+
+def requests_log_from(data: dict[str, Any], where: str) -> RequestsLogConfig:
+    """The requests_log section (or the flags, given as the same keys)."""
+    unknown = set(data) - _REQUESTS_LOG_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown requests_log key {sorted(unknown)[0]!r}")
+    if not data.get("path"):
+        raise ConfigError(f"{where}: requests_log needs a path")
+    try:
+        cfg = RequestsLogConfig(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if cfg.max_log_len is not None and int(cfg.max_log_len) < 1:
+        raise ConfigError(f"{where}: max_log_len must be at least 1")
+    if int(cfg.max_requests) < 1 or int(cfg.max_blocks) < 1:
+        raise ConfigError(f"{where}: max_requests and max_blocks must be at least 1")
+    if not cfg.follow and not Path(cfg.path).is_file():
+        raise ConfigError(f"requests log {cfg.path!r} does not exist (use --follow to wait "
+                          "for it)")
+    return cfg
 
 
 def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConfig:
@@ -159,6 +214,9 @@ def build_config(
     ca_file: str | None = None,
     insecure_skip_verify: bool = False,
     max_body_bytes: int | None = None,
+    diagnosis_window: str | None = None,
+    cold_start: str | None = None,
+    requests_log: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
 ) -> ExporterConfig:
     """Flags win over the file, the file over the environment, the environment over defaults."""
@@ -186,6 +244,15 @@ def build_config(
         entries = [catalog.DEFAULT_TARGET]
         where = "default target"
     target_list = [_target_from(e, defaults, where) for e in entries]
+    file_window, file_cold, thresholds = _diagnosis_from(
+        data.get("diagnosis"), f"config file {config_file!r}")
+    log_data: dict[str, Any] = {}
+    if data.get("requests_log") is not None:
+        if not isinstance(data["requests_log"], dict):
+            raise ConfigError(f"config file {config_file!r}: requests_log must be a mapping")
+        log_data.update(data["requests_log"])
+    log_data.update({k: v for k, v in (requests_log or {}).items() if v is not None})
+    log_cfg = requests_log_from(log_data, "--requests-log") if log_data else None
 
     try:
         cfg = ExporterConfig(
@@ -196,6 +263,10 @@ def build_config(
                                or catalog.DEFAULT_LISTEN_ADDRESS),
             windows=tuple(windows or data.get("windows") or catalog.DEFAULT_WINDOWS),
             otlp_endpoint=otlp_endpoint or data.get("otlp_endpoint"),
+            diagnosis_window=diagnosis_window or file_window or catalog.DIAGNOSIS_WINDOW,
+            cold_start=cold_start or file_cold or catalog.COLD_START,
+            thresholds=thresholds,
+            requests_log=log_cfg,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
@@ -206,6 +277,12 @@ def build_config(
         seconds = cfg.window_seconds
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    for name, value in (("diagnosis window", cfg.diagnosis_window),
+                        ("cold start", cfg.cold_start)):
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from exc
     if catalog.LIFETIME_WINDOW in seconds:
         raise ConfigError("'lifetime' is always exported; do not list it as a window")
     if cfg.otlp_endpoint:

@@ -14,9 +14,13 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
-from .collector import PrefixwatchCollector
+from .collector import DiagnosisState, PrefixwatchCollector
 from .config import ExporterConfig
-from .monitor import TargetMonitor
+from .diagnosis import diagnose
+from .monitor import TargetMonitor, evidence_for
+from .requestslog import RequestsLogReader
+from .requestview import RequestView
+from .windows import parse_duration
 
 log = logging.getLogger("prefixwatch.exporter")
 
@@ -27,9 +31,22 @@ class Exporter:
     def __init__(self, config: ExporterConfig) -> None:
         self.config = config
         windows = config.window_seconds
-        self.monitors = [TargetMonitor(t, windows, config.interval) for t in config.targets]
+        self.diag_seconds = parse_duration(config.diagnosis_window)
+        self.cold_seconds = parse_duration(config.cold_start)
+        self.monitors = [TargetMonitor(t, windows, config.interval,
+                                       extra_windows=(self.diag_seconds, 2 * self.diag_seconds))
+                         for t in config.targets]
+        self.view: RequestView | None = None
+        self.reader: RequestsLogReader | None = None
+        if config.requests_log is not None:
+            rl = config.requests_log
+            self.view = RequestView(max_requests=rl.max_requests, max_blocks=rl.max_blocks)
+            self.reader = RequestsLogReader(rl, self.view, config.targets[0].url)
+        self.state = DiagnosisState(config.diagnosis_window)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = PrefixwatchCollector(self.monitors, windows)
+        self.collector = PrefixwatchCollector(self.monitors, windows, self.state, self.view)
+        if config.requests_log is not None:
+            self.collector.view_model = config.requests_log.model
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -42,6 +59,7 @@ class Exporter:
         self.round_listeners: list = []  # callables run after each round (OTLP export)
         self._server: ThreadingHTTPServer | None = None
         self._threads: list[threading.Thread] = []
+        self._active: dict[tuple[str, str], list[str]] = {}
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -50,6 +68,12 @@ class Exporter:
         started = time.monotonic()
         list(self._pool.map(lambda m: m.poll(), self.monitors))
         self.rounds += 1
+        try:
+            self.update_diagnosis(time.time())
+        except Exception:  # a bug in a rule must not stop the polling
+            log.exception("diagnosis failed")
+        if self.rounds == 1 and self.reader is not None:
+            self.reader.start()  # after the first round: the block size is known by then
         self.collector.round_seconds = time.monotonic() - started
         for listener in self.round_listeners:
             try:
@@ -57,6 +81,37 @@ class Exporter:
             except Exception:  # an OTLP hiccup must not stop the polling
                 log.exception("after-round hook failed")
         return time.monotonic() - started
+
+    def update_diagnosis(self, now: float) -> None:
+        """Recompute every target's and model's causes from the latest poll."""
+        evidence = {}
+        for mon in self.monitors:
+            with mon.lock:
+                evidence[mon.name] = evidence_for(mon, now, self.diag_seconds) if mon.up else {}
+        models = {m for per in evidence.values() for m in per}
+        requests = {}
+        kinds = {}
+        if self.view is not None:
+            sizes = {ev.block_size for per in evidence.values() for ev in per.values()
+                     if ev.block_size}
+            if len(sizes) == 1 and self.view.set_block_size(sizes.pop()):
+                log.info("requests log: block size %d, from the targets", self.view.block_size)
+            req, kind_counts = self.view.evidence(self.diag_seconds)
+            wanted = self.config.requests_log.model if self.config.requests_log else None
+            for model in ([wanted] if wanted else sorted(models)):
+                requests[model] = req
+                kinds[model] = kind_counts
+        result = diagnose(evidence, requests, self.config.thresholds, self.cold_seconds)
+        self.state.update(result, requests, kinds)
+        self._log_changes(result)
+
+    def _log_changes(self, result) -> None:  # noqa: ANN001
+        for key, causes in result.causes.items():
+            active = sorted(c for c, on in causes.items() if on)
+            before = self._active.get(key)
+            if before is not None and before != active or before is None and active:
+                log.warning("diagnosis %s/%s: %s", key[0], key[1], ", ".join(active) or "none")
+            self._active[key] = active
 
     def _loop(self) -> None:
         interval = self.config.interval
@@ -104,6 +159,8 @@ class Exporter:
         for thread in self._threads:
             thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.reader is not None:
+            self.reader.stop()
         for mon in self.monitors:
             mon.close()
 

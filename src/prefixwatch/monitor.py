@@ -10,10 +10,13 @@ import logging
 import math
 import threading
 import time
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from . import __version__, catalog
 from .config import TargetConfig
+from .diagnosis import TargetEvidence
 from .pagereader import LabelCache, PageError, SeriesKey, SeriesValues, Snapshot, read_page
 from .scrape import Fetcher
 from .windows import (
@@ -29,7 +32,7 @@ log = logging.getLogger("prefixwatch.exporter")
 
 COUNTER_ROLES: tuple[str, ...] = ("queries", "hits", "ext_queries", "ext_hits",
                                   "prompt_tokens", "prompt_tokens_cached", "preemptions")
-HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len")
+HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len", "kv_idle_evict")
 
 
 @dataclass
@@ -90,12 +93,18 @@ def raw_vector(values: SeriesValues, layout: Layout) -> list[float]:
 class TargetMonitor:
     """State of one target, updated by the poll loop and read by the collector."""
 
-    def __init__(self, target: TargetConfig, windows: dict[str, float], interval: float) -> None:
+    def __init__(self, target: TargetConfig, windows: dict[str, float], interval: float,
+                 extra_windows: Iterable[float] = ()) -> None:
         self.target = target
         self.name = target.name
         self.windows = windows
         self.interval = interval
-        self._tiers = plan_tiers(windows.values() or [interval], interval)
+        extra = list(extra_windows)
+        self._tiers = plan_tiers(list(windows.values()) + extra or [interval], interval)
+        # Gauges over the longest extra window (the diagnosis'): (time, kv usage, waiting).
+        self._gauge_span = max(extra, default=0.0)
+        self._gauges: dict[str, deque[tuple[float, float, float]]] = {}
+        self._last_reset: dict[SeriesKey, float] = {}
         self._fetcher: Fetcher | None = None
         self._labels = LabelCache()
         self.lock = threading.Lock()
@@ -207,12 +216,30 @@ class TargetMonitor:
                     history = SeriesHistory(layout, self._tiers, self.interval)
                 created = values.created.get("queries")
                 if history.add(now, raw_vector(values, layout), created):
+                    self._last_reset[key] = now
                     log.info("target %s: counters of %s/engine %s reset (server restart)",
                              self.name, key[0], key[1])
             fresh[key] = SeriesState(values, history)
         self.series = fresh
         self.snapshot = snapshot
         self.models = self._derive(now)
+        if self._gauge_span:
+            self._record_gauges(now)
+
+    def _record_gauges(self, now: float) -> None:
+        by_model: dict[str, list[SeriesValues]] = {}
+        for (model, _engine), state in self.series.items():
+            by_model.setdefault(model, []).append(state.values)
+        for model, values in by_model.items():
+            usage = [v.gauges["kv_usage"] for v in values if "kv_usage" in v.gauges]
+            waiting = [v.gauges["waiting"] for v in values if "waiting" in v.gauges]
+            ring = self._gauges.setdefault(model, deque())
+            ring.append((now, max(usage) if usage else math.nan,
+                         sum(waiting) if waiting else math.nan))
+            while ring and ring[0][0] < now - self._gauge_span - self.interval:
+                ring.popleft()
+        for model in set(self._gauges) - set(by_model):
+            del self._gauges[model]
 
     def _derive(self, now: float) -> dict[str, ModelFigures]:
         by_model: dict[str, list[SeriesState]] = {}
@@ -264,3 +291,102 @@ def window_figures(states: list[SeriesState], now: float, seconds: float) -> Win
         if not any(math.isnan(c) for c in counts):
             ttft = (bounds, counts)
     return WindowFigures(covered, q, h, ttft)
+
+
+def _hist_delta(layout: Layout, delta: Iterable[float], role: str
+                ) -> tuple[tuple[float, ...], list[float], float] | None:
+    """(bounds, cumulative counts, sum) of one histogram role inside a delta vector."""
+    spot = layout.histogram_slice(role)
+    if spot is None:
+        return None
+    offset, bounds = spot
+    vec = list(delta)
+    counts = vec[offset + 2: offset + 2 + len(bounds)]
+    if any(math.isnan(c) for c in counts):
+        return None
+    return bounds, counts, vec[offset + 1]
+
+
+def _sum_deltas(states: list[SeriesState], now: float, window: float, older: float = 0.0
+                ) -> tuple[Layout, list[float]] | None:
+    """Summed delta of a model's engines over (now - window - older, now - older]."""
+    total: list[float] | None = None
+    layout: Layout | None = None
+    for state in states:
+        if state.history is None:
+            continue
+        if layout is not None and state.history.layout != layout:
+            continue
+        recent = state.history.delta(now, window + older)
+        if recent is None:
+            continue
+        vec = list(recent[1])
+        if older:
+            newer = state.history.delta(now, older)
+            if newer is None or recent[0] <= newer[0] + 1e-9:
+                continue  # the history does not reach back past the newer window
+            vec = [a - b for a, b in zip(vec, newer[1], strict=True)]
+        layout = state.history.layout
+        total = vec if total is None else [a + b for a, b in zip(total, vec, strict=True)]
+    if total is None or layout is None:
+        return None
+    return layout, total
+
+
+def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
+    """What the diagnosis needs of each model on one target (call with ``mon.lock`` held)."""
+    by_model: dict[str, list[SeriesState]] = {}
+    for (model, _engine), state in mon.series.items():
+        by_model.setdefault(model, []).append(state)
+    out: dict[str, TargetEvidence] = {}
+    for model, states in by_model.items():
+        ev = TargetEvidence()
+        enabled = [s.values.caching_enabled for s in states if s.values.caching_enabled is not None]
+        ev.caching_enabled = all(enabled) if enabled else None
+        sizes = {s.values.block_size for s in states if s.values.block_size}
+        ev.block_size = sizes.pop() if len(sizes) == 1 else None
+        started = [s.values.created["queries"] for s in states if "queries" in s.values.created]
+        resets = [mon._last_reset[k] for k in mon.series if k[0] == model and k in mon._last_reset]
+        last_start = max(started + resets, default=None)
+        if last_start is not None:
+            ev.seconds_since_start = now - last_start
+        current = _sum_deltas(states, now, window)
+        if current is not None:
+            layout, vec = current
+            ev.queries = vec[layout.offset_of("queries")]
+            ev.hits = vec[layout.offset_of("hits")]
+            pre = vec[layout.offset_of("preemptions")]
+            ev.preemptions = None if math.isnan(pre) else pre
+            prompt = _hist_delta(layout, vec, "prompt_len")
+            if prompt is not None:
+                ev.prompt_len = (prompt[0], prompt[1])
+            ttft = _hist_delta(layout, vec, "ttft")
+            if ttft is not None:
+                ev.ttft_requests = ttft[1][-1]
+                ev.ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+            idle = _hist_delta(layout, vec, "kv_idle_evict")
+            if idle is not None:
+                ev.evicted_blocks = idle[1][-1]
+                ev.evict_idle_median = histogram_quantile(0.5, idle[0], idle[1])
+        previous = _sum_deltas(states, now, window, older=window)
+        if previous is not None:
+            layout, vec = previous
+            ev.prev_queries = vec[layout.offset_of("queries")]
+            ev.prev_hits = vec[layout.offset_of("hits")]
+            ttft = _hist_delta(layout, vec, "ttft")
+            if ttft is not None:
+                ev.prev_ttft_requests = ttft[1][-1]
+                ev.prev_ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+        ring = [g for g in mon._gauges.get(model, ()) if g[0] >= now - window - 1e-9]
+        usage = [u for _, u, _ in ring if not math.isnan(u)]
+        waiting = [w for _, _, w in ring if not math.isnan(w)]
+        if usage:
+            ev.kv_peak = max(usage)
+        if waiting:
+            ev.waiting_first, ev.waiting_last = waiting[0], waiting[-1]
+            ev.waiting_mean = sum(waiting) / len(waiting)
+        for attr in ("queries", "hits", "prev_queries", "prev_hits"):
+            if math.isnan(getattr(ev, attr)):
+                setattr(ev, attr, 0.0)
+        out[model] = ev
+    return out

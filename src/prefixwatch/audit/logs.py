@@ -1,9 +1,30 @@
-"""Request logs: JSONL lines in the OpenAI chat, completion or pre-tokenized form."""
+"""Request logs: JSONL lines in the OpenAI chat, completion or pre-tokenized form, and vLLM's
+own request log lines.
+
+vLLM's lines (``--enable-log-requests`` with ``VLLM_LOGGING_LEVEL=DEBUG``), as written by
+``RequestLogger.log_inputs`` (``vllm/entrypoints/serve/utils/request_logger.py``, vLLM 0.10
+to 0.33)::
+
+    DEBUG 11-30 06:11:52 [request_logger.py:47] Request <id> details: prompt: '...',
+      prompt_token_ids: [1, 2, ...], prompt_embeds shape: None.
+    INFO 11-30 06:11:52 [request_logger.py:57] Received request <id>: params: ...,
+      lora_request: None.
+
+each on one line; and the single INFO line of vLLM 0.6 to 0.9::
+
+    INFO ... Received request <id>: prompt: '...', params: ..., prompt_token_ids: [...],
+      [prompt_embeds shape: None, ]lora_request: None, prompt_adapter_request: None.
+
+Token ids and prompt are cut at ``--max-log-len`` when it is set. The LoRA adapter of the
+newer form is on the INFO line that follows the DEBUG one; the two are joined by request id.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -20,6 +41,8 @@ class LogRequest:
     token_ids: list[int] | None = None
     lora: str | None = None
     cache_salt: str | None = None
+    #: The token ids were cut at --max-log-len: only their start is known.
+    truncated: bool = False
 
     @property
     def extra_keys(self) -> tuple[str | None, str | None] | None:
@@ -68,24 +91,151 @@ def parse_request(obj: Any, where: str) -> LogRequest:
     raise ValueError("no messages, prompt or prompt_token_ids")
 
 
-def read_jsonl(paths: list[str], stdin: TextIO | None = None
-               ) -> Iterator[LogRequest | BadLine]:
-    """Every line of every log, oldest first; a bad line becomes a BadLine, never an error."""
+def read_jsonl(paths: list[str], stdin: TextIO | None = None,
+               max_log_len: int | None = None) -> Iterator[LogRequest | BadLine]:
+    """Every request of every log, oldest first: JSONL lines and vLLM's request log lines (other
+    vLLM log output is passed over); a bad line becomes a BadLine, never an error."""
     for path in paths:
         stream = (stdin or sys.stdin) if path == "-" else open(  # noqa: SIM115
             path, encoding="utf-8", errors="replace")
         name = "<stdin>" if path == "-" else path
+        joiner = VllmLogJoiner(max_log_len)
         try:
             for number, line in enumerate(stream, 1):
                 where = f"{name}:{number}"
-                if not line.strip():
+                found = parse_line(line, where, joiner)
+                if found is None:
+                    if line.strip() and not VLLM_LOG_PREFIX.match(line):
+                        yield BadLine(where, "neither JSON nor a vLLM request log line")
                     continue
-                try:
-                    yield parse_request(json.loads(line), where)
-                except json.JSONDecodeError as exc:
-                    yield BadLine(where, f"not JSON ({exc.msg})")
-                except ValueError as exc:
-                    yield BadLine(where, str(exc))
+                yield from found
+            yield from joiner.flush()
         finally:
             if stream is not sys.stdin and stream is not stdin:
                 stream.close()
+
+
+#: The start of any line vLLM's logger writes ("INFO 11-30 06:11:52 [...]"), optionally
+#: behind a process prefix ("(APIServer pid=7) ").
+VLLM_LOG_PREFIX = re.compile(r"^\s*(\(\w+ pid=\d+\)\s+)?(DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+                             r"\s+\d\d-\d\d \d\d:\d\d:\d\d")
+
+
+# -- vLLM's own request log lines ------------------------------------------------------------------
+
+_DETAILS = " details: prompt: "
+_IDS = ", prompt_token_ids: "
+_RECEIVED = re.compile(r"Received request (\S+): ")
+_REQUEST_ID = re.compile(r"Request (\S+) details: prompt: ")
+_LORA_NAME = re.compile(r"lora_name='((?:[^'\\]|\\.)*)'")
+
+
+def _token_ids(text: str) -> list[int] | None:
+    """The ``[1, 2, 3]`` after prompt_token_ids, or None when absent or cut mid-list."""
+    if text.startswith("None"):
+        return None
+    end = text.find("]")
+    if not text.startswith("[") or end < 0:
+        raise ValueError("prompt_token_ids list is not closed (a partial line?)")
+    body = text[1:end].strip()
+    if not body:
+        return None
+    try:
+        ids = [int(t) for t in body.split(",")]
+    except ValueError:
+        raise ValueError("prompt_token_ids holds something other than token ids") from None
+    if any(t < 0 for t in ids):
+        raise ValueError("negative token id")
+    return ids
+
+
+def _lora(text: str) -> str | None:
+    if text.startswith("None"):
+        return None
+    match = _LORA_NAME.search(text)
+    return match.group(1) if match else "unnamed-lora"
+
+
+class VllmLogJoiner:
+    """Turns vLLM log lines into requests: the DEBUG details line waits (bounded) for its
+    INFO line, which names the LoRA adapter; lines of no request give None."""
+
+    PENDING = 256
+
+    def __init__(self, max_log_len: int | None = None) -> None:
+        self.max_log_len = max_log_len
+        self._pending: OrderedDict[str, LogRequest] = OrderedDict()
+
+    @staticmethod
+    def is_request_line(line: str) -> bool:
+        return _DETAILS in line or ("Received request " in line and _IDS in line)
+
+    def feed(self, line: str, where: str) -> list[LogRequest | BadLine]:
+        """Requests completed by this line (possibly older pending ones), oldest first."""
+        out: list[LogRequest | BadLine] = []
+        if _DETAILS in line:
+            match = _REQUEST_ID.search(line)
+            ids_at = line.rfind(_IDS)
+            if match is None or ids_at < 0:
+                return [BadLine(where, "vLLM request line without prompt_token_ids")]
+            try:
+                ids = _token_ids(line[ids_at + len(_IDS):])
+            except ValueError as exc:
+                return [BadLine(where, str(exc))]
+            if ids is None:
+                return [BadLine(where, "no prompt token ids (prompt embeddings?)")]
+            self._pending[match.group(1)] = LogRequest(
+                where, token_ids=ids, truncated=self._cut(ids))
+            while len(self._pending) > self.PENDING:
+                out.append(self._pending.popitem(last=False)[1])
+            return out
+        match = _RECEIVED.search(line)
+        if match is None:
+            return out
+        rest = line[match.end():]
+        if rest.startswith("prompt: "):  # vLLM <= 0.9: everything on one line
+            ids_at = rest.rfind(_IDS)
+            if ids_at < 0:
+                return [BadLine(where, "vLLM request line without prompt_token_ids")]
+            try:
+                ids = _token_ids(rest[ids_at + len(_IDS):])
+            except ValueError as exc:
+                return [BadLine(where, str(exc))]
+            if ids is None:
+                return [BadLine(where, "no prompt token ids (prompt embeddings?)")]
+            lora_at = rest.rfind("lora_request: ")
+            lora = _lora(rest[lora_at + 14:]) if lora_at >= 0 else None
+            return [LogRequest(where, token_ids=ids, lora=lora, truncated=self._cut(ids))]
+        req = self._pending.pop(match.group(1), None)
+        if req is not None:
+            lora_at = rest.rfind("lora_request: ")
+            req.lora = _lora(rest[lora_at + 14:]) if lora_at >= 0 else None
+            out.append(req)
+        return out
+
+    def flush(self) -> list[LogRequest]:
+        """Requests whose INFO line never came (another log level, a cut log)."""
+        out = list(self._pending.values())
+        self._pending.clear()
+        return out
+
+    def _cut(self, ids: list[int]) -> bool:
+        return self.max_log_len is not None and len(ids) >= self.max_log_len
+
+
+def parse_line(line: str, where: str, joiner: VllmLogJoiner
+               ) -> list[LogRequest | BadLine] | None:
+    """One line of either form: requests it completes, or None for a line of no request."""
+    text = line.strip()
+    if not text:
+        return None
+    if text.startswith("{"):
+        try:
+            return [parse_request(json.loads(text), where)]
+        except json.JSONDecodeError as exc:
+            return [BadLine(where, f"not JSON ({exc.msg})")]
+        except ValueError as exc:
+            return [BadLine(where, str(exc))]
+    if joiner.is_request_line(text) or "Received request " in text:
+        return joiner.feed(text, where)
+    return None

@@ -120,14 +120,18 @@ class ServerTokenizer:
     def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
         return list(self.pool.map(self._one, batch))
 
-    def decode(self, tokens: Sequence[int]) -> str:
+    def decode(self, tokens: Sequence[int], strict: bool = False) -> str:
+        """Text of the tokens; their ids joined when /detokenize fails (``strict``: raise)."""
         try:
             resp = self.session.post(f"{self.base}/detokenize", json={"tokens": list(tokens)},
                                      timeout=self.timeout)
             if resp.status_code == 200:
                 return str(resp.json().get("prompt", ""))
-        except requests.RequestException:
-            pass
+            if strict:
+                raise AuditError(f"/detokenize answered HTTP {resp.status_code}")
+        except requests.RequestException as exc:
+            if strict:
+                raise AuditError(f"/detokenize failed: {exc}") from exc
         return " ".join(str(t) for t in tokens)
 
     def block_size(self) -> int | None:

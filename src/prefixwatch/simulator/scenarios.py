@@ -196,11 +196,11 @@ def _tenant_system(c: Corpus, tenant: int) -> str:
     return f"You answer for tenant {tenant:03d} of Northwind Cloud.\n{c.system_prompt()}"
 
 
-def _many_tenants(count: int) -> Maker:
+def _many_tenants(count: int, max_tokens: int = 32) -> Maker:
     def make(rng: random.Random, c: Corpus, now: datetime) -> Work:
         tenant = rng.randrange(count)
-        return Work(_chat(_tenant_system(c, tenant), c.question(rng), c.tools),
-                    route_key=f"tenant-{tenant}")
+        return Work(_chat(_tenant_system(c, tenant), c.question(rng), c.tools,
+                          max_tokens=max_tokens), route_key=f"tenant-{tenant}")
     return make
 
 
@@ -237,9 +237,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "RAG passages before the instructions", _rag_first, expected_hit_rate="~0-5%"),
     Scenario("random-few-shots", "Few-shot examples sampled at random per request, after the "
              "instructions.", "random few-shots", _random_shots, expected_hit_rate="~40%"),
-    Scenario("pool-pressure", "64 tenants with their own system prompt and a KV pool that "
-             "holds about 12 of them: LRU eviction, preemptions.", "eviction under memory "
-             "pressure", _many_tenants(64), num_blocks=1500, expected_hit_rate="~15%"),
+    Scenario("pool-pressure", "64 tenants with their own system prompt, long answers, and a KV "
+             "pool that holds about 12 prompts: the running batch fills it, LRU eviction, "
+             "preemptions.", "eviction under memory pressure", _many_tenants(64, 256),
+             num_blocks=1500, expected_hit_rate="~15%"),
     Scenario("short-prompts", "Classification prompts shorter than one 16-token block: "
              "nothing can ever be cached.", "prompts under one block", _short,
              expected_hit_rate="0%"),
