@@ -59,6 +59,23 @@ def test_every_alert_has_a_test_and_a_runbook_section() -> None:
         assert all(len(name.split(":")) == 3 for name in records), "level:metric:operations"
 
 
+def test_every_cause_has_a_runbook_section_and_the_alerts_link_it() -> None:
+    from prefixwatch.catalog import CAUSE_NAMES
+
+    runbook = (ROOT / "docs" / "runbooks.md").read_text()
+    for cause in CAUSE_NAMES:
+        assert f"\n### {cause}\n" in runbook, f"no runbook section for {cause}"
+        assert f"| `{cause}` |" in runbook, f"{cause} missing from the rule table"
+    doc = yaml.safe_load((ALERTS / "prefixwatch.vllm.rules.yml").read_text())
+    named = [r for g in doc["groups"] for r in g["rules"]
+             if "alert" in r and "Diagnosis:" in r["annotations"]["description"]]
+    assert {r["alert"] for r in named} == {rules.ALERT_LOW, rules.ALERT_REGRESSION,
+                                           rules.ALERT_OUTLIER}
+    for rule in named:
+        assert f"{rules.DEFAULT_RUNBOOK_URL}#{{{{ $s.Labels.cause }}}}" in (
+            rule["annotations"]["description"])
+
+
 @pytest.mark.parametrize("source", rules.SOURCES)
 def test_promtool_checks_and_unit_tests(promtool: str, source: str) -> None:
     rule_file = str(ALERTS / f"prefixwatch.{source}.rules.yml")

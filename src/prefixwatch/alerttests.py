@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from .catalog import OUT_DIAGNOSIS
 from .rules import (
     ALERT_ABSENT,
     ALERT_EVICTION,
@@ -26,6 +27,7 @@ from .rules import (
     Builder,
     RulesConfig,
     r_ratio,
+    render_diagnosis,
 )
 
 STEP = 15  # seconds between samples and rule evaluations
@@ -159,13 +161,24 @@ class Cases:
 
     # -- expectations --------------------------------------------------------------------------
 
+    def diagnosis(self, target: str, cause: str, minutes_off: float, minutes_on: float
+                  ) -> dict[str, str]:
+        """The exporter's diagnosis series: 0 for a while, then 1."""
+        labels = {"job": "prefixwatch", "instance": "prefixwatch:10089", "target": target,
+                  "model_name": MODEL, "cause": cause}
+        off, on = round(minutes_off * 60 / STEP), round(minutes_on * 60 / STEP)
+        return {"series": self.series_name(OUT_DIAGNOSIS.name, labels),
+                "values": compress([0.0] * (off + 1) + [1.0] * on)}
+
     def expect(self, alertname: str, severity: str, labels: dict[str, str],
-               value: float) -> dict[str, Any]:
+               value: float, causes: Sequence[str] = ()) -> dict[str, Any]:
         rule = next(a for a in self.alerts
                     if a["alert"] == alertname and a["labels"]["severity"] == severity)
         full = {"alertname": alertname, "severity": severity, **labels}
-        annotations = {k: render_annotation(v, full, value)
-                       for k, v in rule["annotations"].items()}
+        clause = self.builder.diagnosis_clause()
+        rendered = render_diagnosis(list(causes), self.cfg.runbook_url)
+        annotations = {k: render_annotation(v.replace(clause, "\0"), full, value).replace(
+            "\0", rendered) for k, v in rule["annotations"].items()}
         return {"exp_labels": {"severity": severity, **labels}, "exp_annotations": annotations}
 
     @staticmethod
@@ -194,11 +207,14 @@ class Cases:
 
         # 1. The timestamp collapse, 89% -> 3% at 60m: critical within 5 minutes (aim 3),
         #    nothing before, the warning path inhibited later by Alertmanager.
+        #    The description names what the exporter diagnosed (and not what it did not).
         collapse = [Phase(60, 1000, 0.89), Phase(30, 1000, 0.03)]
-        case(self.traffic(collapse), [
+        diagnosed = [self.diagnosis("vllm-0:8000", "prefix_divergence", 61, 29),
+                     self.diagnosis("vllm-0:8000", "eviction_pressure", 90, 0)]
+        case(self.traffic(collapse) + diagnosed, [
             self.at(low, 60, []),
             self.at(low, 62, []),
-            self.at(low, 64, [self.expect(low, "critical", m, 0.03)]),
+            self.at(low, 64, [self.expect(low, "critical", m, 0.03, ["prefix_divergence"])]),
             self.at(regression, 64, []),
         ], [{"expr": r_ratio("model_name", "5m"), "eval_time": "30m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "5m")}{{model_name="{MODEL}"}}',
@@ -236,12 +252,17 @@ class Cases:
         dip = [Phase(40, 1000, 0.9), Phase(1.75, 1000, 0.03), Phase(20, 1000, 0.9)]
         case(self.traffic(dip), [self.at(low, m_, []) for m_ in (41, 42, 43, 44, 46, 50)])
         # 8. One replica far below the fleet (90% vs 20%): outlier warning.
+        #    Causes diagnosed on several replicas are named once each, sorted.
         good = self.traffic([Phase(60, 1000, 0.9)], target="vllm-0:8000")
         bad = self.traffic([Phase(60, 1000, 0.2)], target="vllm-1:8000")
-        case(good + bad, [
+        causes = [self.diagnosis("vllm-0:8000", "routing_spread", 5, 55),
+                  self.diagnosis("vllm-1:8000", "routing_spread", 5, 55),
+                  self.diagnosis("vllm-1:8000", "eviction_pressure", 5, 55)]
+        case(good + bad + causes, [
             self.at(ALERT_OUTLIER, 10, []),
             self.at(ALERT_OUTLIER, 45, [self.expect(
-                ALERT_OUTLIER, "warning", {**m, "target": "vllm-1:8000"}, 0.2)]),
+                ALERT_OUTLIER, "warning", {**m, "target": "vllm-1:8000"}, 0.2,
+                ["eviction_pressure", "routing_spread"])]),
         ], [{"expr": r_ratio("model_name", "15m"), "eval_time": "45m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "15m")}{{model_name="{MODEL}"}}',
                               "value": 0.55}]}])

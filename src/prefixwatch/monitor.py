@@ -345,9 +345,17 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
         ev.caching_enabled = all(enabled) if enabled else None
         sizes = {s.values.block_size for s in states if s.values.block_size}
         ev.block_size = sizes.pop() if len(sizes) == 1 else None
-        started = [s.values.created["queries"] for s in states if "queries" in s.values.created]
-        resets = [mon._last_reset[k] for k in mon.series if k[0] == model and k in mon._last_reset]
-        last_start = max(started + resets, default=None)
+        # The engine's own start time (the counters' _created) where it says it; else the
+        # time the exporter saw its counters reset.
+        starts = []
+        for key, state in mon.series.items():
+            if key[0] != model:
+                continue
+            created = state.values.created.get("queries")
+            start = created if created is not None else mon._last_reset.get(key)
+            if start is not None:
+                starts.append(start)
+        last_start = max(starts, default=None)
         if last_start is not None:
             ev.seconds_since_start = now - last_start
         current = _sum_deltas(states, now, window)

@@ -207,6 +207,16 @@ R_WAITING = "model_name_target:requests_waiting:max5m"
 RATIO_WINDOWS = ("1m", "5m", "15m", "1h")
 TARGET_WINDOWS = ("5m", "15m")
 
+NO_DIAGNOSIS = ("none (no prefixwatch_diagnosis is 1 for this model: a cause outside the "
+                "runbook, or the exporter is not scraped).")
+
+
+def render_diagnosis(causes: list[str], runbook_url: str) -> str:
+    """What ``Builder.diagnosis_clause`` renders to, for the promtool tests' expectations."""
+    named = "; ".join(f"{c} ({runbook_url}#{c})" for c in sorted(set(causes)))
+    return " Diagnosis: " + (named or NO_DIAGNOSIS)
+
+
 ALERT_LOW = "PrefixCacheHitRateLow"
 ALERT_REGRESSION = "PrefixCacheHitRateRegression"
 ALERT_OUTLIER = "PrefixCacheReplicaOutlier"
@@ -311,6 +321,17 @@ class Builder:
     def runbook(self, anchor: str) -> str:
         return f"{self.cfg.runbook_url}#{anchor.lower()}"
 
+    def diagnosis_clause(self) -> str:
+        """Template text naming the causes the exporter diagnoses for the alert's model, each
+        with its runbook section (a query at notification time: the alert's labels stay
+        stable while the causes change)."""
+        diag = catalog.OUT_DIAGNOSIS.name
+        query = (f'printf "count by (cause) ({diag}{{model_name=%q}} == 1)" '
+                 "$labels.model_name")
+        return (" Diagnosis: {{ range $i, $s := query (" + query + ") | sortByLabel \"cause\" }}"
+                "{{ if $i }}; {{ end }}{{ $s.Labels.cause }} (" + self.cfg.runbook_url +
+                "#{{ $s.Labels.cause }}){{ else }}" + NO_DIAGNOSIS + "{{ end }}")
+
     def alert(self, name: str, expr: str, for_: str | None, severity: str, summary: str,
               description: str, anchor: str | None = None) -> dict[str, Any]:
         rule: dict[str, Any] = {"alert": name, "expr": expr}
@@ -336,7 +357,7 @@ class Builder:
                 f"The prefix-cache hit rate of {model} is {pct} over the last minute and below "
                 f"{cfg.threshold:.0%} over five minutes. Prompts are recomputed from scratch: "
                 "TTFT and GPU load go up. Usually something now changes near the top of the "
-                "prompt (a timestamp, an id, tool order).",
+                "prompt (a timestamp, an id, tool order)." + self.diagnosis_clause(),
             ),
             self.alert(
                 ALERT_LOW,
@@ -345,7 +366,8 @@ class Builder:
                 f"Prefix-cache hit rate of {model} is low ({pct}).",
                 f"The prefix-cache hit rate of {model} has been below {cfg.threshold:.0%} for "
                 f"15 minutes ({pct} now, over 15 minutes). A slow drift: more distinct prefixes, "
-                "a fuller KV pool, or a prompt change rolled out gradually.",
+                "a fuller KV pool, or a prompt change rolled out gradually."
+                + self.diagnosis_clause(),
             ),
             self.alert(
                 ALERT_REGRESSION,
@@ -355,7 +377,8 @@ class Builder:
                 f"Prefix-cache hit rate of {model} regressed to {pct}.",
                 f"The prefix-cache hit rate of {model} is {pct} over 15 minutes, "
                 f"{cfg.regression_drop:.0%} or more below its own level one to three hours ago "
-                "(it may still be above the alert threshold). Check what was deployed.",
+                "(it may still be above the alert threshold). Check what was deployed."
+                + self.diagnosis_clause(),
             ),
             self.alert(
                 ALERT_OUTLIER,
@@ -368,7 +391,8 @@ class Builder:
                 f"Replica {{{{ $labels.target }}}} of {model} has a low hit rate ({pct}).",
                 f"Replica {{{{ $labels.target }}}} serves {model} with a prefix-cache hit rate "
                 f"of {pct}, more than {cfg.outlier_gap:.0%} below the model's fleet. Routing "
-                "sends it prefixes the others hold (round-robin), or its pool is evicting.",
+                "sends it prefixes the others hold (round-robin), or its pool is evicting."
+                + self.diagnosis_clause(),
             ),
         ]
         evict_extra = (f"and on ({MODEL}, target) {R_PREEMPT} > 0" if self.src.preemptions
