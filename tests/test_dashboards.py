@@ -174,13 +174,21 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     from prefixwatch.simulator.scenarios import SCENARIOS
     from prefixwatch.simulator.server import Replica, ReplicaServer
 
+    from prefixwatch.requestslog import RequestsLogConfig
+    from prefixwatch.simulator.requestlog import RequestLogger
+
     cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
-    sims = [ReplicaServer(Replica(cfg, index=i), "127.0.0.1", 0) for i in range(2)]
+    log_path = tmp_path / "requests.log"
+    log_stream = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+    request_log = RequestLogger(log_stream)  # one logger: one lock around the shared file
+    sims = [ReplicaServer(Replica(cfg, index=i, request_log=request_log), "127.0.0.1", 0)
+            for i in range(2)]
     for s in sims:
         s.start()
     exporter = Exporter(ExporterConfig(
         targets=name_targets([TargetConfig(f"http://127.0.0.1:{s.port}/metrics") for s in sims]),
-        interval=0.5, listen_address="127.0.0.1:0", windows=("1m",)))
+        interval=0.5, listen_address="127.0.0.1:0", windows=("1m",), diagnosis_window="15s",
+        requests_log=RequestsLogConfig(str(log_path), follow=True)))
     exporter.start()
     driver = Driver([s.replica for s in sims], SCENARIOS["static-system-prompt"], 20, seed=4)
     scaled = rules.RulesConfig(time_scale=0.05)
@@ -223,3 +231,4 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
         exporter.stop()
         for s in sims:
             s.stop()
+        log_stream.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .catalog import OUT_DIAGNOSIS
+from .catalog import OUT_ACHIEVABLE, OUT_DIAGNOSIS
 from .rules import (
     ALERT_ABSENT,
     ALERT_EVICTION,
@@ -24,6 +24,8 @@ from .rules import (
     ALERT_REGRESSION,
     ALERT_WATCHDOG,
     R_BASELINE,
+    R_MISSED,
+    R_SAVED_SHARE,
     Builder,
     RulesConfig,
     r_ratio,
@@ -320,6 +322,27 @@ class Cases:
                                         f'{{model_name="{MODEL}",target="vllm-1:8000"}}',
                               "value": 0.5}]},
         ])
+        # 14. Capacity and cost: 1000 prompt tokens/s at a 50% hit ratio, where the requests
+        #     log says 75% was achievable: 500 tokens/s saved (a share of 0.5), and 250 tokens/s
+        #     recomputed that an unlimited cache would have served.
+        half = self.traffic([Phase(30, 1000, 0.5)])
+        if self.src.prompt_tokens and self.src.prompt_tokens != self.src.queries:
+            assert self.src.prompt_tokens_cached
+            for metric, raw in ((self.src.prompt_tokens, self.src.queries),
+                                (self.src.prompt_tokens_cached, self.src.hits)):
+                values = next(x["values"] for x in half if x["series"].startswith(raw + "{"))
+                half.append({"series": self.series_name(metric, self.base_labels(
+                    "vllm-0:8000")), "values": values})
+        achievable = {"series": self.series_name(OUT_ACHIEVABLE.name, {
+            "job": "prefixwatch", "instance": "prefixwatch:10089", "model_name": MODEL,
+            "window": "5m"}), "values": "0.75+0x120"}
+        exprs = [{"expr": f"round({R_MISSED}, 0.001)", "eval_time": "20m",  # float noise
+                  "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}', "value": 250}]}]
+        if self.src.prompt_tokens and self.src.prompt_tokens_cached:
+            exprs.append({"expr": R_SAVED_SHARE, "eval_time": "20m",
+                          "exp_samples": [{"labels": f'{R_SAVED_SHARE}{{model_name="{MODEL}"}}',
+                                           "value": 0.5}]})
+        case(half + [achievable], [], exprs)
         return tests
 
     def document(self) -> dict[str, Any]:

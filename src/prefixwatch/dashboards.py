@@ -273,6 +273,62 @@ class Panels:
                      self.target(f"sum ({self.sel(self.s.waiting)})", "waiting", "B")],
             unit="short"), x, y, w, h)
 
+    def why_low(self, x: int, y: int, w: int = 12, h: int = 8) -> None:
+        diag = f'{catalog.OUT_DIAGNOSIS.name}{{job=~"$job",model_name=~"$model"}}'
+        self.add(g.StateTimeline(
+            title="Why is it low?",
+            description="The exporter's diagnosis: each cause of a low hit rate, red while it "
+                        "holds on any replica of the selected models (prefixwatch_diagnosis). "
+                        "prefix_divergence and routing_spread need the exporter's "
+                        "--requests-log. Every cause has a runbook section: "
+                        f"{RUNBOOK_URL}#diagnosis",
+            targets=[self.target(f"max by (cause) ({diag})", "{{cause}}", "A")],
+            mappings=[{"type": "value", "options": {
+                "0": {"text": "no", "color": "green", "index": 0},
+                "1": {"text": "yes", "color": "red", "index": 1}}}],
+            thresholds=[g.Threshold("green", 0, 0.0), g.Threshold("red", 1, 1.0)],
+            showValue="never", mergeValues=True), x, y, w, h)
+
+    def achievable_vs_achieved(self, x: int, y: int, w: int = 12, h: int = 8) -> None:
+        achieved = f'{rules.r_ratio(rules.MODEL, "5m")}{{model_name=~"$model"}}'
+        achievable = f'{rules.R_ACHIEVABLE}{{model_name=~"$model"}}'
+        self.add(g.TimeSeries(
+            title="Achievable vs achieved hit rate",
+            description="Achieved: the fleet's hit rate (5m). Achievable: what an unlimited "
+                        "cache would have served of the same requests (the exporter's "
+                        "--requests-log, vLLM's caching rule). Both low: the prompts differ "
+                        "near the top (prefix_divergence; run `prefixwatch audit`). Achievable "
+                        "high, achieved low: the cache forgot (eviction_pressure) or the "
+                        "traffic is spread over replicas (routing_spread).",
+            targets=[self.target(achieved, "achieved {{model_name}}", "A"),
+                     self.target(achievable, "achievable {{model_name}}", "B")],
+            unit="percentunit", valueMin=0, valueMax=1, thresholdsStyleMode="line",
+            thresholds=[g.Threshold("red", 0, 0.0), g.Threshold("green", 1, THRESHOLD)]),
+            x, y, w, h)
+
+    def capacity(self, x: int, y: int, w: int = 12, h: int = 8) -> None:
+        served = f'{rules.r_hits(rules.MODEL, "5m")}{{model_name=~"$model"}}'
+        missed = f'{rules.R_MISSED}{{model_name=~"$model"}}'
+        saved = f'{rules.R_SAVED_SHARE}{{model_name=~"$model"}}'
+        overrides = [{"matcher": {"id": "byRegexp", "options": "share saved.*"},
+                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                     {"id": "unit", "value": "percentunit"},
+                                     {"id": "min", "value": 0}, {"id": "max", "value": 1}]}]
+        self.add(g.TimeSeries(
+            title="Capacity: prefill served by cache, and what more was achievable",
+            description="Arithmetic you can check (5m rates, recording rules in "
+                        "alerts/): served = Δhits/Δt, prompt tokens per second the prefix "
+                        "cache served instead of prefilling; recomputable = (achievable − "
+                        "achieved) × Δqueries/Δt, prefill tokens per second recomputed that an "
+                        "unlimited cache would have served (needs --requests-log); share saved "
+                        "= Δcached prompt tokens / Δprompt tokens (right axis), the share of "
+                        "prefill work the caches saved. Divide tokens/s by one GPU's prefill "
+                        "throughput for GPUs' worth of prefill.",
+            targets=[self.target(served, "served from cache {{model_name}}", "A"),
+                     self.target(missed, "recomputable {{model_name}}", "B"),
+                     self.target(saved, "share saved {{model_name}}", "C")],
+            unit="short", valueMin=0, overrides=overrides), x, y, w, h)
+
     def scrape_health(self, x: int, y: int, w: int = 12, h: int = 8) -> None:
         if self.s.source == "exporter":
             replica = ',target=~"$instance"' if self.one else ""
@@ -338,8 +394,16 @@ def overview(source: str = "exporter") -> g.Dashboard:
     p.per_replica(12, 13)
     p.kv_and_preemptions(0, 21)
     p.prompt_length(12, 21)
-    p.external_cache(0, 29)
-    p.scrape_health(12, 29)
+    if source == "exporter":
+        p.why_low(0, 29)
+        p.achievable_vs_achieved(12, 29)
+        p.capacity(0, 37)
+        p.external_cache(12, 37)
+        p.scrape_health(0, 45, w=24)
+    else:
+        p.capacity(0, 29)
+        p.external_cache(12, 29)
+        p.scrape_health(0, 37, w=24)
     return _dashboard("overview", "Prefix cache overview", source, p,
                       "Is the prefix cache working, since when not, on which model and "
                       "replica, and what it costs in TTFT.")

@@ -63,6 +63,8 @@ class RuleSource:
     kv_usage: str | None
     preemptions: str | None
     waiting: str | None
+    prompt_tokens: str | None
+    prompt_tokens_cached: str | None
     target_up: str | None  # the exporter's per-target up
     liveness: str  # a series whose absence means "no data at all"
 
@@ -75,7 +77,10 @@ def _source(name: str) -> RuleSource:
             ttft_bucket=catalog.OUT_TTFT.name + "_bucket",
             prompt_len_bucket=catalog.OUT_PROMPT_LEN.name + "_bucket",
             kv_usage=catalog.OUT_KV_USAGE.name, preemptions=catalog.OUT_PREEMPTIONS.name + "_total",
-            waiting=catalog.OUT_WAITING.name, target_up=catalog.OUT_TARGET_UP.name,
+            waiting=catalog.OUT_WAITING.name,
+            prompt_tokens=catalog.OUT_PROMPT_TOKENS.name + "_total",
+            prompt_tokens_cached=catalog.OUT_PROMPT_TOKENS_CACHED.name + "_total",
+            target_up=catalog.OUT_TARGET_UP.name,
             liveness=catalog.OUT_BUILD_INFO.name + "_info")
     schema = {"vllm": catalog.VLLM_V1, "sglang": catalog.SGLANG}.get(name)
     if schema is None:
@@ -86,6 +91,7 @@ def _source(name: str) -> RuleSource:
         ttft_bucket=schema.ttft + "_bucket" if schema.ttft else None,
         prompt_len_bucket=schema.prompt_len + "_bucket" if schema.prompt_len else None,
         kv_usage=schema.kv_usage, preemptions=schema.preemptions, waiting=schema.waiting,
+        prompt_tokens=schema.prompt_tokens, prompt_tokens_cached=schema.prompt_tokens_cached,
         target_up=None, liveness=schema.queries)
 
 
@@ -204,6 +210,10 @@ R_PROMPT_LEN = "model_name_quantile:request_prompt_tokens:rate5m"
 R_KV = "model_name_target:kv_cache_usage:max5m"
 R_PREEMPT = "model_name_target:preemptions:rate5m"
 R_WAITING = "model_name_target:requests_waiting:max5m"
+# Capacity and cost (the dashboard's arithmetic, recorded so it can be checked and reused).
+R_SAVED_SHARE = "model_name:prefill_tokens_saved:ratio_rate5m"
+R_ACHIEVABLE = "model_name:prefix_cache_achievable_hit_ratio:max"
+R_MISSED = "model_name:prefill_tokens_achievable_missed:rate5m"
 RATIO_WINDOWS = ("1m", "5m", "15m", "1h")
 TARGET_WINDOWS = ("5m", "15m")
 
@@ -288,6 +298,18 @@ class Builder:
         if s.waiting:
             gauge = f"max_over_time({self.sel(s.waiting)}[{self.w('5m')}])"
             rec(R_WAITING, self.by_target(gauge))
+        # Capacity and cost: the share of prefill work the caches saved, and the prefill
+        # tokens per second recomputed that an unlimited cache could have served (the
+        # exporter's achievable ratio, from a requests log, minus the achieved one).
+        if s.prompt_tokens and s.prompt_tokens_cached:
+            w5 = self.w("5m")
+            rec(R_SAVED_SHARE,
+                f"sum by ({MODEL}) (rate({self.sel(s.prompt_tokens_cached)}[{w5}]))\n/\n"
+                f"(sum by ({MODEL}) (rate({self.sel(s.prompt_tokens)}[{w5}])) > 0)")
+        rec(R_ACHIEVABLE, f"max by ({MODEL}) ({catalog.OUT_ACHIEVABLE.name})")
+        rec(R_MISSED,
+            f"clamp_min({R_ACHIEVABLE} - on ({MODEL}) {r_ratio(MODEL, '5m')}, 0)\n"
+            f"* on ({MODEL}) {r_queries(MODEL, '5m')}")
         return rules
 
     # -- alerts --------------------------------------------------------------------------------
