@@ -32,6 +32,10 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     (["exporter", "--listen-address", "nowhere"], "not HOST:PORT"),
     (["exporter", "--bearer-token-file", "/nonexistent/token"], "does not exist"),
     (["exporter", "--no-such-flag"], "unrecognized arguments"),
+    (["exporter", "--follow"], "go with --requests-log PATH"),
+    (["exporter", "--requests-log", "/nonexistent/requests.log"], "does not exist"),
+    (["exporter", "--diagnosis-window", "soon"], "diagnosis window"),
+    (["exporter", "--requests-log", "/dev/null", "--max-log-len", "0"], "at least 1"),
 ])
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     r = run(*args)
@@ -44,6 +48,10 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     ("targets: [", "not valid YAML"),
     ("- just\n- a list\n", "must hold a mapping"),
     ("targetz: []\n", "unknown key 'targetz'"),
+    ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
+    ("diagnosis: {kv_usage_full: 1.5}\n", "kv_usage_full must be in (0, 1]"),
+    ("diagnosis: {min_requests: many}\n", "diagnosis:"),
+    ("requests_log: {follow: true}\n", "needs a path"),
     ("targets:\n  - {name: x}\n", "needs a url"),
     ("targets:\n  - {url: 'http://a:1/metrics', timeout: -1}\n", "must be positive"),
     ("targets:\n  - {url: 'http://a:1/metrics', colour: red}\n", "unknown target key"),

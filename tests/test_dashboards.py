@@ -169,13 +169,12 @@ class Prom:
 def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     from prefixwatch.config import ExporterConfig, TargetConfig, name_targets
     from prefixwatch.exporter import Exporter
+    from prefixwatch.requestslog import RequestsLogConfig
     from prefixwatch.simulator.driver import Driver
     from prefixwatch.simulator.engine import EngineConfig
+    from prefixwatch.simulator.requestlog import RequestLogger
     from prefixwatch.simulator.scenarios import SCENARIOS
     from prefixwatch.simulator.server import Replica, ReplicaServer
-
-    from prefixwatch.requestslog import RequestsLogConfig
-    from prefixwatch.simulator.requestlog import RequestLogger
 
     cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
     log_path = tmp_path / "requests.log"

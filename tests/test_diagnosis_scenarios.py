@@ -152,3 +152,22 @@ def test_exported_series(tmp_path) -> None:
     lines = {s.labels["result"]: s.value for s in run.metrics["prefixwatch_requests_log_lines"]
              if s.name.endswith("_total")}
     assert lines["request"] > 50 and lines["skipped"] == 0
+
+
+def test_readme_table_matches_the_tests() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    table = text.split("| scenario | diagnosed cause |", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| (`[^|]*?) \| (.*?) \|$", table, re.M))
+    expected = {f"`{name}`": causes for name, causes in EXPECTED.items()}
+    expected["`pool-pressure`"] = {"eviction_pressure"}
+    expected["`round-robin`"] = {"routing_spread"}
+    expected["`static-system-prompt`, `--no-prefix-caching`"] = {"caching_disabled"}
+    expected["`static-system-prompt`, `--restart-at`"] = {"cold_start"}
+    assert set(rows) == set(expected)
+    for scenario, cell in rows.items():
+        named = set(re.findall(r"`(\w+)`", cell))
+        assert named == expected[scenario], scenario
+    assert set(SCENARIOS) == {k.strip("`") for k in expected if "," not in k}

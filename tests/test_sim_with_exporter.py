@@ -91,3 +91,25 @@ def test_status_command_prints_the_figures() -> None:
                           "http://127.0.0.1:9/metrics", "--gap", "0.1"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "connect" in bad.stdout
+    assert "Diagnosis over the 2s gap" in r.stdout
+
+
+@pytest.mark.integration
+def test_status_prints_the_diagnosis() -> None:
+    cfg = EngineConfig(prefill_tokens_per_s=1e6, time_per_output_token=0.001,
+                       enable_prefix_caching=False)
+    srv = ReplicaServer(Replica(cfg), "127.0.0.1", 0)
+    srv.start()
+    driver = Driver([srv.replica], SCENARIOS["static-system-prompt"], 30, seed=2)
+    driver.start()
+    try:
+        url = f"http://127.0.0.1:{srv.port}/metrics"
+        r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "status", "--target", url,
+                            "--gap", "1"], capture_output=True, text=True, timeout=60)
+    finally:
+        driver.stop()
+        srv.stop()
+    assert r.returncode == 0, r.stderr
+    diagnosis = r.stdout.split("Diagnosis over", 1)[1]
+    assert "caching_disabled: prefix caching is switched off" in diagnosis
+    assert "cold_start" in diagnosis  # the server started a second ago

@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser(
         "status", help="one-shot view of the prefix cache, without Prometheus",
         description="Poll each target twice, a few seconds apart, and print the hit ratio over "
-                    "that gap and over the server's lifetime, query rate, TTFT, KV usage.")
+                    "that gap and over the server's lifetime, query rate, TTFT, KV usage, and "
+                    "why the hit rate is low (the exporter's diagnosis rules, over the gap).")
     _add_target_flags(st)
     st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
                     help="seconds between the two polls (default 5)")

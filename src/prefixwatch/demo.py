@@ -186,13 +186,25 @@ def run_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--time-scale must be greater than 0")
     targets = args.vllm or _targets_from_env()
     sim = None
+    requests_log = None
+    log_dir: tempfile.TemporaryDirectory | None = None
     if not targets:
+        # The simulator writes vLLM-format request log lines; the exporter follows them (the
+        # request-level view behind prefix_divergence and routing_spread), as in compose.
+        log_dir = tempfile.TemporaryDirectory(prefix="prefixwatch-requests-")
+        log_path = str(Path(log_dir.name) / "requests.log")
         sim = build_simulation(simulation_args(
             replicas=args.replicas, scenario=args.scenario, switch_to=args.switch_to,
-            switch_at=switch_at, rate=args.rate, port=args.sim_port))
+            switch_at=switch_at, rate=args.rate, port=args.sim_port, request_log=log_path))
         targets = sim.urls
+        requests_log = {"path": log_path, "follow": True}
     config = build_config(targets=targets, listen_address=args.listen_address,
-                          interval=max(0.5, catalog.DEFAULT_INTERVAL_SECONDS * args.time_scale))
+                          interval=max(0.5, catalog.DEFAULT_INTERVAL_SECONDS * args.time_scale),
+                          diagnosis_window=rules.prom_duration(
+                              parse_duration(catalog.DIAGNOSIS_WINDOW) * args.time_scale),
+                          cold_start=rules.prom_duration(
+                              parse_duration(catalog.COLD_START) * args.time_scale),
+                          requests_log=requests_log)
     exporter = Exporter(config)
     backends: Backends | None = None
     tmpdir: tempfile.TemporaryDirectory | None = None
@@ -228,6 +240,8 @@ def run_demo(args: argparse.Namespace) -> int:
             sim.stop()
         if tmpdir is not None:
             tmpdir.cleanup()
+        if log_dir is not None:
+            log_dir.cleanup()
     log.info("demo stopped")
     return 0
 

@@ -16,7 +16,7 @@ from prometheus_client.exposition import choose_encoder
 from . import __version__
 from .collector import DiagnosisState, PrefixwatchCollector
 from .config import ExporterConfig
-from .diagnosis import diagnose
+from .diagnosis import Diagnosis, diagnose
 from .monitor import TargetMonitor, evidence_for
 from .requestslog import RequestsLogReader
 from .requestview import RequestView
@@ -105,12 +105,15 @@ class Exporter:
         self.state.update(result, requests, kinds)
         self._log_changes(result)
 
-    def _log_changes(self, result) -> None:  # noqa: ANN001
+    def _log_changes(self, result: Diagnosis) -> None:
+        """Say so when a target's causes change (not on every round)."""
         for key, causes in result.causes.items():
             active = sorted(c for c, on in causes.items() if on)
             before = self._active.get(key)
-            if before is not None and before != active or before is None and active:
-                log.warning("diagnosis %s/%s: %s", key[0], key[1], ", ".join(active) or "none")
+            if active != (before or []):
+                level = logging.WARNING if active else logging.INFO
+                log.log(level, "diagnosis of %s on %s: %s", key[1], key[0],
+                        ", ".join(active) if active else "no cause holds any more")
             self._active[key] = active
 
     def _loop(self) -> None:

@@ -6,8 +6,11 @@ import math
 import time
 from dataclasses import dataclass
 
+from . import catalog
 from .config import ExporterConfig
-from .monitor import TargetMonitor
+from .diagnosis import diagnose
+from .monitor import TargetMonitor, evidence_for
+from .windows import parse_duration
 
 
 @dataclass
@@ -25,18 +28,22 @@ class StatusRow:
     block_size: int | None
     caching_enabled: bool | None
     error: str = ""
+    causes: tuple[str, ...] = ()
 
 
 def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap."""
     windows = {"gap": gap}
-    monitors = [TargetMonitor(t, windows, gap) for t in config.targets]
+    monitors = [TargetMonitor(t, windows, gap, extra_windows=(gap,)) for t in config.targets]
     for mon in monitors:
         mon.poll()
     time.sleep(gap)
     for mon in monitors:
         mon.poll()
         mon.close()
+    now = time.time()
+    evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
+    found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start))
     rows: list[StatusRow] = []
     for mon in monitors:
         if not mon.up or mon.snapshot is None:
@@ -67,6 +74,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
                 kv_usage=max(kv) if kv else None,
                 block_size=blocks[0] if blocks else None,
                 caching_enabled=all(enabled) if enabled else None,
+                causes=tuple(found.active(mon.name, model)),
             ))
     return rows
 
@@ -96,5 +104,14 @@ def render(rows: list[StatusRow], gap: float) -> str:
             _num(r.ttft_p95, ".3f") + ("s" if r.ttft_p95 is not None else ""),
             _pct(r.kv_usage), _num(r.block_size, "d") if r.block_size else "-", note))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                     for row in table)
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in table]
+    summaries = {c.name: c.summary for c in catalog.CAUSES}
+    diagnosed = [r for r in rows if not r.error]
+    if diagnosed:
+        lines += ["", f"Diagnosis over the {gap:g}s gap (rules: docs/runbooks.md#diagnosis; "
+                      "prefix_divergence and routing_spread need the exporter's --requests-log):"]
+        for r in diagnosed:
+            causes = "; ".join(f"{c}: {summaries[c]}" for c in r.causes) or "none diagnosed"
+            lines.append(f"  {r.target} {r.model}: {causes}")
+    return "\n".join(lines)
