@@ -12,6 +12,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from prefixwatch import catalog
 from prefixwatch.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter import Exporter
 from prefixwatch.otlp import OtlpBridge
@@ -74,7 +75,7 @@ def test_otlp_export_carries_counters_and_ratios(receiver: Receiver, page_server
                          listen_address="127.0.0.1:0", windows=("1m",),
                          otlp_endpoint=receiver.endpoint)
     exporter = Exporter(cfg)
-    bridge = OtlpBridge(exporter.monitors, receiver.endpoint, timeout=5)
+    bridge = OtlpBridge(exporter.monitors, receiver.endpoint, timeout=5, state=exporter.state)
     exporter.round_listeners.append(bridge.export)
     try:
         page_server.serve(with_counters(vllm_page, 1000, 800))
@@ -103,6 +104,9 @@ def test_otlp_export_carries_counters_and_ratios(receiver: Receiver, page_server
     assert ratios[(("model_name", MODEL), ("window", "lifetime"))] == pytest.approx(0.415)
     up = metrics["prefixwatch_target_up"].gauge.data_points[0].as_double
     assert up == 1.0
+    diagnosis = {next(a.value.string_value for a in p.attributes if a.key == "cause"): p.as_double
+                 for p in metrics["prefixwatch_diagnosis"].gauge.data_points}
+    assert set(diagnosis) == set(catalog.CAUSE_NAMES)
 
 
 def test_otlp_failure_does_not_stop_polling(page_server: PageServer, vllm_page: str) -> None:

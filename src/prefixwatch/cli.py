@@ -154,7 +154,7 @@ def run_exporter(args: argparse.Namespace) -> int:
     if config.otlp_endpoint:
         from .otlp import OtlpBridge
 
-        bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint)
+        bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint, state=exporter.state)
         exporter.round_listeners.append(bridge.export)
         log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
     try:

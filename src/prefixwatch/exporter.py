@@ -185,15 +185,21 @@ class Exporter:
                     f"{m}: {f.windows[window].hit_ratio:.1%} ({window})"
                     for m, f in sorted(mon.models.items())
                     if window in f.windows and f.windows[window].hit_ratio is not None)
+            with self.state.lock:
+                causes = "; ".join(
+                    f"{model}: {', '.join(self.state.diagnosis.active(mon.name, model)) or '-'}"
+                    for (target, model) in sorted(self.state.diagnosis.causes)
+                    if target == mon.name) if mon.up else ""
             rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-                mon.name, mon.target.url, state, schema, ratios, error)) + "</tr>")
+                mon.name, mon.target.url, state, schema, ratios, causes, error)) + "</tr>")
         return (
             "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
             "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style>"
             f"</head><body><h1>prefixwatch {__version__}</h1>"
             "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
             "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
-            "<th>hit ratio</th><th>last error</th></tr>" + "".join(rows) + "</table>"
+            "<th>hit ratio</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
+            "<th>last error</th></tr>" + "".join(rows) + "</table>"
             "</body></html>")
 
 

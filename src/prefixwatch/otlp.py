@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from . import __version__, catalog
+from .collector import DiagnosisState
 from .monitor import TargetMonitor
 from .windows import ratio
 
@@ -42,8 +43,9 @@ def metrics_endpoint(endpoint: str) -> str:
 
 class OtlpBridge:
     def __init__(self, monitors: Iterable[TargetMonitor], endpoint: str,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, state: DiagnosisState | None = None) -> None:
         self.endpoint = metrics_endpoint(endpoint)
+        self.state = state
         self._providers: list[MeterProvider] = []
         for mon in monitors:
             resource = Resource.create({
@@ -76,6 +78,10 @@ class OtlpBridge:
         meter.create_observable_gauge(
             catalog.OUT_TARGET_UP.name, unit="1", description=catalog.OUT_TARGET_UP.help,
             callbacks=[lambda _o, m=mon: [Observation(1.0 if m.up else 0.0)]])
+        if self.state is not None:
+            meter.create_observable_gauge(
+                catalog.OUT_DIAGNOSIS.name, unit="1", description=catalog.OUT_DIAGNOSIS.help,
+                callbacks=[_diagnosis_callback(mon, self.state)])
 
     def export(self) -> None:
         """Push one round; called by the exporter after each poll round."""
@@ -141,4 +147,16 @@ def _ttft_callback(mon: TargetMonitor) -> Callback:
                                 catalog.L_MODEL: model, catalog.L_WINDOW: window,
                                 catalog.L_QUANTILE: str(q)}))
         return out
+    return observe
+
+
+def _diagnosis_callback(mon: TargetMonitor, state: DiagnosisState) -> Callback:
+    def observe(_options: CallbackOptions) -> list[Observation]:
+        if not mon.up:
+            return []
+        with state.lock:
+            return [Observation(1.0 if causes.get(cause) else 0.0,
+                                {catalog.L_MODEL: model, catalog.L_CAUSE: cause})
+                    for (target, model), causes in state.diagnosis.causes.items()
+                    if target == mon.name for cause in catalog.CAUSE_NAMES]
     return observe
