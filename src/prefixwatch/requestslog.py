@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .audit.logs import BadLine, LogRequest, VllmLogJoiner, parse_line
@@ -82,6 +82,10 @@ class RequestsLogReader:
         self._tokenizer_error: str | None = None
         self._tokenizer_retry_at = 0.0
         self._joiner = VllmLogJoiner(config.max_log_len)
+        self._partial = b""  # a line whose end has not been written yet
+        self._line_no = 0
+        self._skipping_long = False  # inside a line longer than MAX_LINE_BYTES
+        self._warned: set[str] = set()
         self.done = threading.Event()  # set when a non-follow read reached the end
 
     def start(self) -> None:
@@ -138,10 +142,13 @@ class RequestsLogReader:
     # -- feeding -------------------------------------------------------------------------------
 
     def feed_lines(self, lines: Sequence[str], where: str, first_number: int) -> None:
-        """Parse, tokenize and add a run of complete lines."""
+        """Parse, tokenize and add a run of consecutive complete lines."""
+        self._feed((f"{where}:{first_number + i}", line) for i, line in enumerate(lines))
+
+    def _feed(self, numbered: Iterable[tuple[str, str]]) -> None:
         pending: list[LogRequest] = []
-        for offset, line in enumerate(lines):
-            found = parse_line(line, f"{where}:{first_number + offset}", self._joiner)
+        for where, line in numbered:
+            found = parse_line(line, where, self._joiner)
             if not found:
                 self.view.count("other")
                 continue
@@ -172,8 +179,15 @@ class RequestsLogReader:
                 self._skip(req.where, "token id out of range")
 
     def _skip(self, where: str, reason: str) -> None:
+        """Count a bad line; say so once per kind of problem, then only at debug level."""
         self.view.count("skipped")
-        log.debug("requests log: %s: skipped: %s", where, reason)
+        kind = reason.split(":", 1)[0][:60]
+        if kind not in self._warned and len(self._warned) < 32:
+            self._warned.add(kind)
+            log.warning("requests log: %s: skipped: %s (further lines like it are counted in "
+                        "prefixwatch_requests_log_lines_total{result=\"skipped\"})", where, reason)
+        else:
+            log.debug("requests log: %s: skipped: %s", where, reason)
 
     # -- the file ------------------------------------------------------------------------------
 
@@ -241,6 +255,7 @@ class RequestsLogReader:
                 fh.close()
                 fh = None
                 self._line_no = 0
+                self._skipping_long = False
                 log.info("requests log %s was rotated or truncated: reopening", path)
                 continue
             self._stop.wait(self.poll_seconds)
@@ -269,10 +284,6 @@ class RequestsLogReader:
         with self.view.lock:
             self.view.lines = dict.fromkeys(self.view.lines, 0)
 
-    _partial = b""
-    _line_no = 0
-    _skipping_long = False
-
     def _consume(self, fh, where: str, final: bool) -> bool:  # noqa: ANN001
         """Read what is there; complete lines are fed, a partial last line waits (unless
         ``final``). Returns whether anything was read."""
@@ -286,7 +297,7 @@ class RequestsLogReader:
             self._partial = b""
             parts = data.split(b"\n")
             tail = parts.pop()
-            lines = []
+            numbered = []
             for raw in parts:
                 self._line_no += 1
                 if self._skipping_long:
@@ -295,17 +306,18 @@ class RequestsLogReader:
                 if len(raw) > MAX_LINE_BYTES:
                     self._skip(f"{where}:{self._line_no}", "line too long")
                     continue
-                lines.append(raw.decode("utf-8", errors="replace"))
-            self.feed_lines(lines, where, self._line_no - len(parts) + 1)
+                numbered.append((f"{where}:{self._line_no}",
+                                 raw.decode("utf-8", errors="replace")))
+            self._feed(numbered)
             if len(tail) > MAX_LINE_BYTES:
                 if not self._skipping_long:
                     self._skip(f"{where}:{self._line_no + 1}", "line too long")
-                self._skipping_long = True
+                self._skipping_long = True  # drop the rest of it as it comes
             elif not self._skipping_long:
                 self._partial = tail
         if final and self._partial:
             self._line_no += 1
-            self.feed_lines([self._partial.decode("utf-8", errors="replace")], where,
-                            self._line_no)
+            self._feed([(f"{where}:{self._line_no}",
+                         self._partial.decode("utf-8", errors="replace"))])
             self._partial = b""
         return got
