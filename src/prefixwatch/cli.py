@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--requests-log", metavar="PATH",
                       help="opt-in request-level view: a JSONL request log (as `audit` reads) "
                            "or vLLM's own log with --enable-log-requests and "
-                           "VLLM_LOGGING_LEVEL=DEBUG (vLLM 0.6 to 0.33)")
+                           "VLLM_LOGGING_LEVEL=DEBUG (vLLM 0.33 and the older one-line form)")
     diag.add_argument("--follow", action="store_true", default=None,
                       help="follow the requests log as it grows (tail -F: rotation and "
                            "truncation handled); without it the file is read once")

@@ -86,6 +86,7 @@ class RequestsLogReader:
         self._line_no = 0
         self._skipping_long = False  # inside a line longer than MAX_LINE_BYTES
         self._warned: set[str] = set()
+        self._warming = False  # reading history before following: fill the index only
         self.done = threading.Event()  # set when a non-follow read reached the end
 
     def start(self) -> None:
@@ -150,7 +151,8 @@ class RequestsLogReader:
         for where, line in numbered:
             found = parse_line(line, where, self._joiner)
             if not found:
-                self.view.count("other")
+                if not self._warming:
+                    self.view.count("other")
                 continue
             for item in found:
                 if isinstance(item, BadLine):
@@ -174,12 +176,14 @@ class RequestsLogReader:
                 self._skip(req.where, ids)
                 continue
             try:
-                self.view.add(ids, req.extra_keys, req.truncated)
+                self.view.add(ids, req.extra_keys, req.truncated, warm=self._warming)
             except OverflowError:
                 self._skip(req.where, "token id out of range")
 
     def _skip(self, where: str, reason: str) -> None:
         """Count a bad line; say so once per kind of problem, then only at debug level."""
+        if self._warming:
+            return
         self.view.count("skipped")
         kind = reason.split(":", 1)[0][:60]
         if kind not in self._warned and len(self._warned) < 32:
@@ -274,15 +278,12 @@ class RequestsLogReader:
         if lines and not data.endswith(b"\n"):
             lines.pop()
             fh.seek(size - len(data.rsplit(b"\n", 1)[-1]))
-        at = self.view.clock
-        self.view.clock = lambda: 0.0  # warm entries never fall inside a window
+        self._warming = True
         try:
             self.feed_lines(lines, self.config.path, 0)
             self.flush()
         finally:
-            self.view.clock = at
-        with self.view.lock:
-            self.view.lines = dict.fromkeys(self.view.lines, 0)
+            self._warming = False
 
     def _consume(self, fh, where: str, final: bool) -> bool:  # noqa: ANN001
         """Read what is there; complete lines are fed, a partial last line waits (unless

@@ -60,6 +60,7 @@ class Divergence:
 @dataclass
 class _Entry:
     at: float
+    extra_keys: Hashable
     path: list[_Node]
     prompt_tokens: int
     cacheable_tokens: int
@@ -123,7 +124,7 @@ class SlidingPrefixIndex:
             path.append(tail)
         for member in path:
             member.count += 1
-        entry = _Entry(at, path, n, cached_tokens_for(n, matched, bs), n > bs, None)
+        entry = _Entry(at, extra_keys, path, n, cached_tokens_for(n, matched, bs), n > bs, None)
         self.window.append(entry)
         while len(self.window) > self.max_requests or (
                 self.blocks > self.max_blocks and len(self.window) > 1):
@@ -137,8 +138,9 @@ class SlidingPrefixIndex:
                 if member.parent.children.get(member.key) is member:
                     del member.parent.children[member.key]
                 self.blocks -= 1
-        for key in [k for k, r in self.roots.items() if not r.children]:
-            del self.roots[key]
+        root = self.roots.get(entry.extra_keys)
+        if root is not None and not root.children:
+            del self.roots[entry.extra_keys]
 
     def _divergence(self, tokens: Sequence[int], packed: bytes, node: _Node, matched: int
                     ) -> Divergence | None:
@@ -206,11 +208,17 @@ class RequestView:
         with self.lock:
             self.lines[result] += n
 
-    def add(self, tokens: Sequence[int], extra_keys: Hashable = None, truncated: bool = False
-            ) -> None:
-        """One logged request (raises OverflowError on a token id beyond 32 bits)."""
+    def add(self, tokens: Sequence[int], extra_keys: Hashable = None, truncated: bool = False,
+            warm: bool = False) -> None:
+        """One logged request (raises OverflowError on a token id beyond 32 bits).
+
+        ``warm``: history read before following the log; it fills the window's index but is
+        not counted, and its time (0) keeps it out of every window's figures.
+        """
         with self.lock:
-            entry, divergence = self.index.add(tokens, extra_keys, self.clock())
+            entry, divergence = self.index.add(tokens, extra_keys, 0.0 if warm else self.clock())
+            if warm:
+                return
             self.lines["truncated" if truncated else "request"] += 1
             if divergence is None:
                 return

@@ -2,15 +2,14 @@
 own request log lines.
 
 vLLM's lines (``--enable-log-requests`` with ``VLLM_LOGGING_LEVEL=DEBUG``), as written by
-``RequestLogger.log_inputs`` (``vllm/entrypoints/serve/utils/request_logger.py``, vLLM 0.10
-to 0.33)::
+``RequestLogger.log_inputs`` (``vllm/entrypoints/serve/utils/request_logger.py``, vLLM 0.33)::
 
     DEBUG 11-30 06:11:52 [request_logger.py:47] Request <id> details: prompt: '...',
       prompt_token_ids: [1, 2, ...], prompt_embeds shape: None.
     INFO 11-30 06:11:52 [request_logger.py:57] Received request <id>: params: ...,
       lora_request: None.
 
-each on one line; and the single INFO line of vLLM 0.6 to 0.9::
+each on one line; and the single INFO line of older releases (``vllm/entrypoints/logger.py``)::
 
     INFO ... Received request <id>: prompt: '...', params: ..., prompt_token_ids: [...],
       [prompt_embeds shape: None, ]lora_request: None, prompt_adapter_request: None.

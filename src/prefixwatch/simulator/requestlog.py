@@ -1,6 +1,6 @@
 """vLLM-format request log lines, so the request-level tools can be tested on what vLLM writes.
 
-vLLM (0.10 through 0.33) with ``--enable-log-requests`` and ``VLLM_LOGGING_LEVEL=DEBUG`` writes,
+vLLM 0.33 with ``--enable-log-requests`` and ``VLLM_LOGGING_LEVEL=DEBUG`` writes,
 from ``RequestLogger.log_inputs``:
 
     DEBUG 11-30 06:11:52 [request_logger.py:47] Request <id> details: prompt: '<text>',
