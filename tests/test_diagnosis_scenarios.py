@@ -18,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixwatch import catalog
 from prefixwatch.config import build_config
+from prefixwatch.diagnosis import TargetEvidence
 from prefixwatch.exporter import Exporter
+from prefixwatch.monitor import evidence_for
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.requestlog import RequestLogger
@@ -33,13 +35,16 @@ class Run:
     rounds: list[set[str]] = field(default_factory=list)  # active causes, all targets, per round
     per_target: list[dict[str, list[str]]] = field(default_factory=list)
     metrics: dict[str, list] = field(default_factory=dict)  # family name -> samples
+    evidence: dict[str, TargetEvidence] = field(default_factory=dict)  # model -> last target's
 
 
 def run_scenario(name: str, tmp_path, *, seconds: float = 8.0, rate: float = 20.0,
-                 caching: bool = True, restart_at: float | None = None) -> Run:
+                 caching: bool = True, restart_at: float | None = None,
+                 kv_cache_metrics: bool = False) -> Run:
     sc = SCENARIOS[name]
     cfg = EngineConfig(num_blocks=sc.num_blocks or 8192, prefill_tokens_per_s=1e5,
-                       time_per_output_token=0.001, enable_prefix_caching=caching)
+                       time_per_output_token=0.001, enable_prefix_caching=caching,
+                       kv_cache_metrics=kv_cache_metrics, kv_cache_metrics_sample=1.0)
     log_path = os.path.join(tmp_path, f"{name}.log")
     stream = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
     request_log = RequestLogger(stream)
@@ -66,6 +71,9 @@ def run_scenario(name: str, tmp_path, *, seconds: float = 8.0, rate: float = 20.
             run.rounds.append({c for cs in causes.values() for c, on in cs.items() if on})
             time.sleep(0.5)
         page = generate_latest(exporter.registry).decode()
+        for mon in exporter.monitors:
+            with mon.lock:
+                run.evidence.update(evidence_for(mon, time.time(), WINDOW))
     finally:
         driver.stop()
         exporter.stop()
@@ -114,8 +122,24 @@ def test_pool_pressure_is_eviction(tmp_path) -> None:
 
 
 @pytest.mark.integration
-def test_round_robin_is_routing_spread_on_every_replica(tmp_path) -> None:
-    run = run_scenario("round-robin", tmp_path, rate=40.0, seconds=10.0)
+def test_pool_pressure_with_vllms_kv_cache_metrics(tmp_path) -> None:
+    """With --kv-cache-metrics the residency histograms corroborate it: cached blocks are
+    evicted within seconds of their last use."""
+    run = run_scenario("pool-pressure", tmp_path, rate=40.0, seconds=12.0,
+                       kv_cache_metrics=True)
+    assert settled(run) == {"eviction_pressure"}
+    (ev,) = run.evidence.values()
+    assert ev.evicted_blocks and ev.evicted_blocks > 100
+    assert ev.evict_idle_median is not None and ev.evict_idle_median < 5.0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kv_cache_metrics", [False, True])
+def test_round_robin_is_routing_spread_on_every_replica(tmp_path, kv_cache_metrics) -> None:
+    """Evictions happen here too (each pool must hold every tenant), but no pool is full: the
+    residency histograms must not turn routing into eviction pressure."""
+    run = run_scenario("round-robin", tmp_path, rate=40.0, seconds=10.0,
+                       kv_cache_metrics=kv_cache_metrics)
     assert settled(run) == {"routing_spread"}
     last = run.per_target[-1]
     assert len(last) == 2 and all(causes == ["routing_spread"] for causes in last.values())

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixwatch.simulator.engine import Engine, EngineConfig, VirtualClock
-from prefixwatch.simulator.kvcache import BlockPool, cached_tokens_for
+from prefixwatch.simulator.kvcache import BlockPool, Residency, cached_tokens_for
 
 
 def engine(num_blocks: int = 4096, block_size: int = 16, caching: bool = True) -> Engine:
@@ -170,3 +170,40 @@ def test_cached_tokens_equal_the_reference(data, bs: int) -> None:
         assert req.cached_tokens == want
         # With one output token, the KV of the prompt (not the output) is computed.
         history.append((prompt, extra))
+
+
+def test_block_residency_as_vllms_kv_cache_metrics() -> None:
+    """Lifetime from allocation, idle from the last hit, reuse gaps between hits."""
+    clock = VirtualClock(100.0)
+    pool = BlockPool(4, 2)  # 3 usable blocks of 2 tokens
+    pool.residency = Residency(clock, sample_rate=1.0)
+    events: list[tuple[float, float, list[float]]] = []
+    pool.residency.listeners.append(lambda *e: events.append(e))
+    a = pool.admit([1, 2, 3, 4, 9])  # blocks [1,2] [3,4] cached, and a tail block
+    assert a is not None
+    pool.release(a.blocks)
+    clock.now = 110.0
+    b = pool.admit([1, 2, 3, 4, 8])  # hits both blocks: an access each
+    assert b is not None and b.cached_tokens == 4
+    pool.release(b.blocks)
+    clock.now = 130.0
+    c = pool.admit([5, 6, 7, 8, 7])  # needs all 3 blocks: evicts the two cached ones
+    assert c is not None and c.cached_tokens == 0
+    # Born at 100, last hit at 110, evicted at 130; one access, so no gap yet. The uncached
+    # tail block that was reused in between is not an eviction.
+    assert events == [(30.0, 20.0, []), (30.0, 20.0, [])]
+    pool.reset()
+    assert pool.residency is not None and not pool.residency.listeners
+
+
+def test_residency_sampling() -> None:
+    clock = VirtualClock()
+    pool = BlockPool(1001, 1)
+    pool.residency = Residency(clock, sample_rate=0.1, seed=3)
+    events = []
+    pool.residency.listeners.append(lambda *e: events.append(e))
+    for i in range(20):
+        admitted = pool.admit(list(range(i * 100, i * 100 + 101)))
+        assert admitted is not None
+        pool.release(admitted.blocks)
+    assert 0.05 * pool.evictions < len(events) < 0.2 * pool.evictions

@@ -631,6 +631,26 @@ VLLM_V1_PAGE: tuple[PageFamily, ...] = (
         labels=('engine',)),
 )
 
+#: With ``--kv-cache-metrics`` vLLM adds these block-residency histograms (sampled blocks,
+#: ``--kv-cache-metrics-sample``), from vllm/v1/metrics/loggers.py.
+KV_RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                        10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
+VLLM_KV_CACHE_METRICS_PAGE: tuple[PageFamily, ...] = (
+    PageFamily(
+        "vllm:kv_block_lifetime_seconds", "histogram",
+        "Histogram of KV cache block lifetime from allocation to eviction. Sampled metrics "
+        "(controlled by --kv-cache-metrics-sample).", buckets=KV_RESIDENCY_BUCKETS),
+    PageFamily(
+        "vllm:kv_block_idle_before_evict_seconds", "histogram",
+        "Histogram of idle time before KV cache block eviction. Sampled metrics (controlled "
+        "by --kv-cache-metrics-sample).", buckets=KV_RESIDENCY_BUCKETS),
+    PageFamily(
+        "vllm:kv_block_reuse_gap_seconds", "histogram",
+        "Histogram of time gaps between consecutive KV cache block accesses. Only the most "
+        "recent accesses are recorded (ring buffer). Sampled metrics (controlled by "
+        "--kv-cache-metrics-sample).", buckets=KV_RESIDENCY_BUCKETS),
+)
+
 #: Labels vLLM 0.33 puts on vllm:cache_config_info, in order, with the values it wrote for the
 #: fixture; the simulator fills block_size, num_gpu_blocks and enable_prefix_caching itself.
 VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"

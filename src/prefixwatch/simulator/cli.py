@@ -75,6 +75,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                         f"else {defaults.num_blocks})")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="switch prefix caching off (as vLLM's --no-enable-prefix-caching)")
+    p.add_argument("--kv-cache-metrics", action="store_true",
+                   help="also serve vLLM's block-residency histograms (lifetime, idle before "
+                        "eviction, reuse gaps), as vLLM's --kv-cache-metrics")
+    p.add_argument("--kv-cache-metrics-sample", type=float,
+                   default=defaults.kv_cache_metrics_sample, metavar="RATE",
+                   help=f"share of blocks tracked, as vLLM's flag (default "
+                        f"{defaults.kv_cache_metrics_sample:g})")
     p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
                    help=f"longest prompt plus output (default {defaults.max_model_len})")
     p.add_argument("--prefill-tokens-per-s", type=float, default=defaults.prefill_tokens_per_s,
@@ -143,7 +150,11 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
         model=args.model, block_size=args.block_size, num_blocks=num_blocks,
         enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
-        time_per_output_token=args.time_per_output_token)
+        time_per_output_token=args.time_per_output_token,
+        kv_cache_metrics=args.kv_cache_metrics,
+        kv_cache_metrics_sample=args.kv_cache_metrics_sample)
+    if not 0 <= args.kv_cache_metrics_sample <= 1:
+        raise ConfigError("--kv-cache-metrics-sample must be between 0 and 1")
     log_stream: IO[str] | None = None
     request_log = None
     if args.request_log:

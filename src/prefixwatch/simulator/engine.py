@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .kvcache import BlockPool, Node
+from .kvcache import BlockPool, Node, Residency
 
 
 @dataclass
@@ -36,6 +36,9 @@ class EngineConfig:
     time_per_output_token: float = 0.01
     base_latency: float = 0.002
     max_waiting: int = 4096
+    #: vLLM's --kv-cache-metrics and --kv-cache-metrics-sample (block-residency histograms).
+    kv_cache_metrics: bool = False
+    kv_cache_metrics_sample: float = 0.01
 
 
 @dataclass
@@ -88,6 +91,8 @@ class Engine:
         self.config = config
         self.clock = clock
         self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        if config.kv_cache_metrics:
+            self.pool.residency = Residency(clock, config.kv_cache_metrics_sample)
         self.stats = EngineStats()
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []

@@ -17,8 +17,9 @@ The rule (vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+import random
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
 
 
 class Node:
@@ -42,6 +43,55 @@ class Admission:
         self.cached_tokens = cached_tokens
         self.blocks = blocks
         self.path = path
+
+
+class Residency:
+    """vLLM's ``--kv-cache-metrics`` (v1/core/kv_cache_metrics.py): a sampled share of blocks is
+    tracked from allocation; a prefix-cache hit is an access; when a block's cached content is
+    evicted, its lifetime, its idle time since the last access and the gaps between its last
+    accesses (a ring of 4) are reported to the listeners."""
+
+    def __init__(self, clock: Callable[[], float], sample_rate: float = 0.01,
+                 seed: int = 0) -> None:
+        self.clock = clock
+        self.sample_rate = min(max(sample_rate, 0.0), 1.0)
+        self._rng = random.Random(seed)
+        self._state: dict[int, tuple[float, deque[float]]] = {}
+        self._last: dict[int, float] = {}
+        self.listeners: list[Callable[[float, float, list[float]], None]] = []
+
+    def allocated(self, block: int) -> None:
+        if self._rng.random() < self.sample_rate:
+            now = self.clock()
+            self._state[block] = (now, deque(maxlen=4))
+            self._last[block] = now
+        else:
+            self._state.pop(block, None)
+            self._last.pop(block, None)
+
+    def accessed(self, block: int) -> None:
+        state = self._state.get(block)
+        if state is not None:
+            now = self.clock()
+            self._last[block] = now
+            state[1].append(now)
+
+    def evicted(self, block: int) -> None:
+        state = self._state.pop(block, None)
+        if state is None:
+            return
+        now = self.clock()
+        birth, history = state
+        last = self._last.pop(block, birth)
+        times = list(history)
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        for listener in self.listeners:
+            listener(now - birth, now - last, gaps)
+
+    def reset(self) -> None:
+        self._state.clear()
+        self._last.clear()
+        self.listeners.clear()
 
 
 class NoFreeBlocks(Exception):
@@ -68,6 +118,8 @@ class BlockPool:
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
         self.roots: dict[Hashable, Node] = {}
         self.evictions = 0
+        #: Block-residency tracking (vLLM's --kv-cache-metrics); None when off.
+        self.residency: Residency | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -118,11 +170,14 @@ class BlockPool:
     def touch(self, nodes: Sequence[Node]) -> list[int]:
         """Take a reference on the first cached block of each node (a prefix-cache hit)."""
         out = []
+        residency = self.residency
         for node in nodes:
             block = node.blocks[0]
             if self.ref_cnt[block] == 0:
                 del self.free[block]
             self.ref_cnt[block] += 1
+            if residency is not None:
+                residency.accessed(block)
             out.append(block)
         return out
 
@@ -131,10 +186,13 @@ class BlockPool:
         if count > len(self.free):
             raise NoFreeBlocks(f"asked for {count} blocks, {len(self.free)} free")
         out = []
+        residency = self.residency
         for _ in range(count):
             block, _ = self.free.popitem(last=False)
             self._uncache(block)
             self.ref_cnt[block] = 1
+            if residency is not None:
+                residency.allocated(block)
             out.append(block)
         return out
 
@@ -143,6 +201,8 @@ class BlockPool:
         if node is None:
             return
         self.evictions += 1
+        if self.residency is not None:
+            self.residency.evicted(block)
         node.blocks.remove(block)
         self.node_of[block] = None
         # Drop identities that cache nothing and lead nowhere, so the trie stays bounded.
@@ -202,7 +262,11 @@ class BlockPool:
 
     def reset(self) -> None:
         """Forget everything (a server restart)."""
+        residency = self.residency
         self.__init__(self.num_blocks, self.block_size, self.enable_caching)  # type: ignore[misc]
+        if residency is not None:
+            residency.reset()
+            self.residency = residency
 
 
 def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:

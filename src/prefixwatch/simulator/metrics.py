@@ -48,6 +48,11 @@ class PageMetrics:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         page = catalog.VLLM_V1_PAGE if server == "vllm" else catalog.SGLANG_PAGE
+        residency = engine.pool.residency if server == "vllm" else None
+        if residency is not None:  # declared right after the decode-time histogram, as vLLM does
+            at = next(i for i, f in enumerate(page)
+                      if f.name == "vllm:request_decode_time_seconds") + 1
+            page = page[:at] + catalog.VLLM_KV_CACHE_METRICS_PAGE + page[at:]
         self.m: dict[str, Any] = {}
         model = engine.config.model
         for family in page:
@@ -72,6 +77,8 @@ class PageMetrics:
             self.m["vllm:engine_sleep_state"].labels(
                 model_name=model, engine=engine_index, sleep_state="awake").set(1)
         engine.stats.listeners.append(self.on_event)
+        if residency is not None:
+            residency.listeners.append(self.on_eviction)
 
     def _l(self, name: str, **extra: str) -> Any:
         key = (name, *extra.items())
@@ -143,6 +150,13 @@ class PageMetrics:
                     tpot = (end - req.first_token_at) / (out - 1)
                     self._l("vllm:request_time_per_output_token_seconds").observe(tpot)
                     self._l("vllm:inter_token_latency_seconds").observe(tpot)
+
+    def on_eviction(self, lifetime: float, idle: float, gaps: list[float]) -> None:
+        """A sampled block's cached content was evicted (vLLM's --kv-cache-metrics)."""
+        self._l("vllm:kv_block_lifetime_seconds").observe(lifetime)
+        self._l("vllm:kv_block_idle_before_evict_seconds").observe(idle)
+        for gap in gaps:
+            self._l("vllm:kv_block_reuse_gap_seconds").observe(gap)
 
     def _sglang_event(self, event: str, req: SimRequest) -> None:
         if event == "scheduled" and req.num_preemptions == 0:
