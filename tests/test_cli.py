@@ -148,3 +148,49 @@ def test_listen_port_in_use_exits_2(page_server: PageServer) -> None:
         r = run("exporter", "--target", page_server.url, "--listen-address",
                 f"127.0.0.1:{s.getsockname()[1]}")
     assert r.returncode == 2 and "cannot listen" in r.stderr
+
+
+def test_exporter_command_with_a_requests_log(page_server: PageServer, vllm_page: str,
+                                              tmp_path) -> None:
+    """The flags reach the request-level view: a JSONL log of token ids, read once, with a
+    bad line; the exporter serves the achievable ratio and the line counts."""
+    import json
+
+    page_server.serve(with_counters(vllm_page, 13902, 7168))
+    shared = list(range(1000, 1064))
+    log_path = tmp_path / "requests.jsonl"
+    lines = [json.dumps({"prompt_token_ids": shared + [i] * 8}) for i in range(30)]
+    lines.insert(5, '{"prompt_token_ids": [1, 2,')  # a line cut by a crash
+    log_path.write_text("\n".join(lines) + "\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixwatch.cli", "exporter", "--target", page_server.url,
+         "--listen-address", f"127.0.0.1:{port}", "--interval", "0.3",
+         "--requests-log", str(log_path), "--requests-tokenizer", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 15
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                text = requests.get(url, timeout=2).text
+            except requests.ConnectionError:
+                text = ""
+            if "prefixwatch_achievable_hit_ratio{" in text:
+                break
+            time.sleep(0.1)
+        values = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                  if ln.startswith("prefixwatch_")}
+        assert values['prefixwatch_requests_log_lines_total{result="request"}'] == 30
+        assert values['prefixwatch_requests_log_lines_total{result="skipped"}'] == 1
+        achievable = next(v for k, v in values.items()
+                          if k.startswith("prefixwatch_achievable_hit_ratio{"))
+        assert achievable == pytest.approx(29 * 64 / (30 * 72))  # all but the first hit 4 blocks
+        assert sum(1 for k in values if k.startswith("prefixwatch_diagnosis{")) == len(
+            catalog.CAUSE_NAMES)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert "requests log" in err and "skipped" in err
