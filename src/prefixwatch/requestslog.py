@@ -125,7 +125,8 @@ class RequestsLogReader:
             log.warning("requests log: tokenizer failed (%s); retrying later", exc)
             self._tokenizer, self._tokenizer_error = None, str(exc)
             self._tokenizer_retry_at = now + RETRY_TOKENIZER_SECONDS
-            return [f"tokenizer failed: {exc}"] * len(batch)
+            return [list(r.token_ids) if r.token_ids is not None else f"tokenizer failed: {exc}"
+                    for r in batch]
 
     def _ensure_decoder(self) -> None:
         """Token-id-only logs still need a decoder for the kinds: try to get one once."""
