@@ -129,7 +129,8 @@ class RequestsLogReader:
                     for r in batch]
 
     def _ensure_decoder(self) -> None:
-        """Token-id-only logs still need a decoder for the kinds: try to get one once."""
+        """Token-id-only logs still need a decoder for the kinds: try to get one (again every
+        RETRY_TOKENIZER_SECONDS while the server does not answer)."""
         if (self.view.decoder is None and self._tokenizer is None
                 and self.config.tokenizer != "none"):
             now = time.monotonic()
