@@ -124,6 +124,8 @@ VLLM_LOG_PREFIX = re.compile(r"^\s*(\(\w+ pid=\d+\)\s+)?(DEBUG|INFO|WARNING|ERRO
 
 _DETAILS = " details: prompt: "
 _IDS = ", prompt_token_ids: "
+_LORA = "lora_request: "
+_NO_IDS = "vLLM request line without prompt_token_ids"
 _RECEIVED = re.compile(r"Received request (\S+): ")
 _REQUEST_ID = re.compile(r"Request (\S+) details: prompt: ")
 _LORA_NAME = re.compile(r"lora_name='((?:[^'\\]|\\.)*)'")
@@ -148,10 +150,15 @@ def _token_ids(text: str) -> list[int] | None:
     return ids
 
 
-def _lora(text: str) -> str | None:
-    if text.startswith("None"):
+def _lora_after(text: str) -> str | None:
+    """The adapter named after the last ``lora_request: `` of a line (None: no adapter)."""
+    at = text.rfind(_LORA)
+    if at < 0:
         return None
-    match = _LORA_NAME.search(text)
+    rest = text[at + len(_LORA):]
+    if rest.startswith("None"):
+        return None
+    match = _LORA_NAME.search(rest)
     return match.group(1) if match else "unnamed-lora"
 
 
@@ -174,17 +181,12 @@ class VllmLogJoiner:
         out: list[LogRequest | BadLine] = []
         if _DETAILS in line:
             match = _REQUEST_ID.search(line)
-            ids_at = line.rfind(_IDS)
-            if match is None or ids_at < 0:
-                return [BadLine(where, "vLLM request line without prompt_token_ids")]
-            try:
-                ids = _token_ids(line[ids_at + len(_IDS):])
-            except ValueError as exc:
-                return [BadLine(where, str(exc))]
-            if ids is None:
-                return [BadLine(where, "no prompt token ids (prompt embeddings?)")]
-            self._pending[match.group(1)] = LogRequest(
-                where, token_ids=ids, truncated=self._cut(ids))
+            if match is None:
+                return [BadLine(where, _NO_IDS)]
+            found = self._request(line, where)
+            if isinstance(found, BadLine):
+                return [found]
+            self._pending[match.group(1)] = found
             while len(self._pending) > self.PENDING:
                 out.append(self._pending.popitem(last=False)[1])
             return out
@@ -192,25 +194,29 @@ class VllmLogJoiner:
         if match is None:
             return out
         rest = line[match.end():]
-        if rest.startswith("prompt: "):  # vLLM <= 0.9: everything on one line
-            ids_at = rest.rfind(_IDS)
-            if ids_at < 0:
-                return [BadLine(where, "vLLM request line without prompt_token_ids")]
-            try:
-                ids = _token_ids(rest[ids_at + len(_IDS):])
-            except ValueError as exc:
-                return [BadLine(where, str(exc))]
-            if ids is None:
-                return [BadLine(where, "no prompt token ids (prompt embeddings?)")]
-            lora_at = rest.rfind("lora_request: ")
-            lora = _lora(rest[lora_at + 14:]) if lora_at >= 0 else None
-            return [LogRequest(where, token_ids=ids, lora=lora, truncated=self._cut(ids))]
+        if rest.startswith("prompt: "):  # older vLLM: everything on one line
+            found = self._request(rest, where)
+            if isinstance(found, LogRequest):
+                found.lora = _lora_after(rest)
+            return [found]
         req = self._pending.pop(match.group(1), None)
         if req is not None:
-            lora_at = rest.rfind("lora_request: ")
-            req.lora = _lora(rest[lora_at + 14:]) if lora_at >= 0 else None
+            req.lora = _lora_after(rest)
             out.append(req)
         return out
+
+    def _request(self, text: str, where: str) -> LogRequest | BadLine:
+        """The request whose prompt_token_ids list ``text`` holds, or why it cannot be read."""
+        ids_at = text.rfind(_IDS)
+        if ids_at < 0:
+            return BadLine(where, _NO_IDS)
+        try:
+            ids = _token_ids(text[ids_at + len(_IDS):])
+        except ValueError as exc:
+            return BadLine(where, str(exc))
+        if ids is None:
+            return BadLine(where, "no prompt token ids (prompt embeddings?)")
+        return LogRequest(where, token_ids=ids, truncated=self._cut(ids))
 
     def flush(self) -> list[LogRequest]:
         """Requests whose INFO line never came (another log level, a cut log)."""
