@@ -10,8 +10,9 @@ import logging
 import math
 import threading
 import time
+from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from . import __version__, catalog
@@ -263,55 +264,36 @@ class TargetMonitor:
 
 def window_figures(states: list[SeriesState], now: float, seconds: float) -> WindowFigures | None:
     """Sum the deltas of a model's engines over one window, before any division."""
-    deltas = []
-    layout: Layout | None = None
-    covered = 0.0
-    for state in states:
-        if state.history is None:
-            continue
-        delta = state.history.delta(now, seconds)
-        if delta is None:
-            continue
-        if layout is None:
-            layout = state.history.layout
-        elif state.history.layout != layout:
-            continue  # engines with other buckets are not summed bucket by bucket
-        covered = max(covered, delta[0])
-        deltas.append(delta[1])
-    total = sum_vectors(deltas)
-    if total is None or layout is None:
+    summed = summed_delta(states, now, seconds)
+    if summed is None:
         return None
-    q = total[layout.offset_of("queries")]
-    h = total[layout.offset_of("hits")]
-    ttft = None
-    spot = layout.histogram_slice("ttft")
-    if spot is not None:
-        offset, bounds = spot
-        counts = list(total[offset + 2: offset + 2 + len(bounds)])
-        if not any(math.isnan(c) for c in counts):
-            ttft = (bounds, counts)
-    return WindowFigures(covered, q, h, ttft)
+    layout, covered, total = summed
+    ttft = _hist_delta(layout, total, "ttft")
+    return WindowFigures(covered, total[layout.offset_of("queries")],
+                         total[layout.offset_of("hits")], ttft[:2] if ttft else None)
 
 
-def _hist_delta(layout: Layout, delta: Iterable[float], role: str
+def _hist_delta(layout: Layout, delta: Sequence[float], role: str
                 ) -> tuple[tuple[float, ...], list[float], float] | None:
-    """(bounds, cumulative counts, sum) of one histogram role inside a delta vector."""
+    """(bounds, cumulative counts, sum) of one histogram role inside a delta vector; None when
+    the role is absent or any of its buckets is unknown."""
     spot = layout.histogram_slice(role)
     if spot is None:
         return None
     offset, bounds = spot
-    vec = list(delta)
-    counts = vec[offset + 2: offset + 2 + len(bounds)]
+    counts = list(delta[offset + 2: offset + 2 + len(bounds)])
     if any(math.isnan(c) for c in counts):
         return None
-    return bounds, counts, vec[offset + 1]
+    return bounds, counts, delta[offset + 1]
 
 
-def _sum_deltas(states: list[SeriesState], now: float, window: float, older: float = 0.0
-                ) -> tuple[Layout, list[float]] | None:
-    """Summed delta of a model's engines over (now - window - older, now - older]."""
-    total: list[float] | None = None
+def summed_delta(states: list[SeriesState], now: float, window: float, older: float = 0.0
+                 ) -> tuple[Layout, float, Sequence[float]] | None:
+    """(layout, seconds covered, delta vector) of a model's engines summed over
+    (now - window - older, now - older]; engines with other buckets are not summed."""
+    deltas: list[Sequence[float]] = []
     layout: Layout | None = None
+    covered = 0.0
     for state in states:
         if state.history is None:
             continue
@@ -320,17 +302,20 @@ def _sum_deltas(states: list[SeriesState], now: float, window: float, older: flo
         recent = state.history.delta(now, window + older)
         if recent is None:
             continue
-        vec = list(recent[1])
+        seconds, vec = recent
         if older:
             newer = state.history.delta(now, older)
-            if newer is None or recent[0] <= newer[0] + 1e-9:
+            if newer is None or seconds <= newer[0] + 1e-9:
                 continue  # the history does not reach back past the newer window
-            vec = [a - b for a, b in zip(vec, newer[1], strict=True)]
+            seconds -= newer[0]
+            vec = array("d", (a - b for a, b in zip(vec, newer[1], strict=True)))
         layout = state.history.layout
-        total = vec if total is None else [a + b for a, b in zip(total, vec, strict=True)]
+        covered = max(covered, seconds)
+        deltas.append(vec)
+    total = sum_vectors(deltas)
     if total is None or layout is None:
         return None
-    return layout, total
+    return layout, covered, total
 
 
 def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
@@ -358,9 +343,9 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
         last_start = max(starts, default=None)
         if last_start is not None:
             ev.seconds_since_start = now - last_start
-        current = _sum_deltas(states, now, window)
+        current = summed_delta(states, now, window)
         if current is not None:
-            layout, vec = current
+            layout, _, vec = current
             ev.queries = vec[layout.offset_of("queries")]
             ev.hits = vec[layout.offset_of("hits")]
             pre = vec[layout.offset_of("preemptions")]
@@ -376,9 +361,9 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
             if idle is not None:
                 ev.evicted_blocks = idle[1][-1]
                 ev.evict_idle_median = histogram_quantile(0.5, idle[0], idle[1])
-        previous = _sum_deltas(states, now, window, older=window)
+        previous = summed_delta(states, now, window, older=window)
         if previous is not None:
-            layout, vec = previous
+            layout, _, vec = previous
             ev.prev_queries = vec[layout.offset_of("queries")]
             ev.prev_hits = vec[layout.offset_of("hits")]
             ttft = _hist_delta(layout, vec, "ttft")
