@@ -18,15 +18,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from . import catalog
 from .audit.logs import BadLine, LogRequest, VllmLogJoiner, parse_line
-from .audit.tokenizers import (
-    AuditError,
-    BuiltinTokenizer,
-    HFTokenizer,
-    NoTokenizer,
-    ServerTokenizer,
-    Tokenizer,
-)
+from .audit.tokenizers import AuditError, NoTokenizer, ServerTokenizer, Tokenizer, open_tokenizer
 from .requestview import RequestView
 
 log = logging.getLogger("prefixwatch.requests")
@@ -46,25 +40,24 @@ class RequestsLogConfig:
     max_log_len: int | None = None
     #: The model the log belongs to; None: every model the targets serve.
     model: str | None = None
-    max_requests: int = 4096
-    max_blocks: int = 262_144
+    max_requests: int = catalog.REQUESTS_WINDOW_REQUESTS
+    max_blocks: int = catalog.REQUESTS_WINDOW_BLOCKS
 
 
 def make_tokenizer(spec: str, first_target: str | None) -> tuple[Tokenizer, Callable | None]:
     """A tokenizer for text requests and a strict decoder for divergence kinds (None: none)."""
-    if spec == "none":
-        return NoTokenizer(), None
-    if spec == "builtin":
-        tok = BuiltinTokenizer()
-        return tok, tok.decode
     if spec == "server" or spec.startswith(("http://", "https://")):
         url = first_target if spec == "server" else spec
         if url is None:
             raise AuditError("no target to tokenize with")
-        server = ServerTokenizer(url)
-        return server, functools.partial(server.decode, strict=True)
-    hf = HFTokenizer(spec)
-    return hf, hf.decode
+        tok = open_tokenizer(server=url)
+    else:
+        tok = open_tokenizer(directory=None if spec == "none" else spec)
+    if isinstance(tok, NoTokenizer):
+        return tok, None
+    if isinstance(tok, ServerTokenizer):
+        return tok, functools.partial(tok.decode, strict=True)
+    return tok, tok.decode
 
 
 class RequestsLogReader:

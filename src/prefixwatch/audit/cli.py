@@ -15,14 +15,7 @@ from tqdm import tqdm
 from ..config import ConfigError
 from .analysis import Auditor, Report, diff
 from .logs import BadLine, LogRequest, parse_request, read_jsonl
-from .tokenizers import (
-    AuditError,
-    BuiltinTokenizer,
-    HFTokenizer,
-    NoTokenizer,
-    ServerTokenizer,
-    Tokenizer,
-)
+from .tokenizers import AuditError, ServerTokenizer, Tokenizer, open_tokenizer
 
 log = logging.getLogger("prefixwatch.audit")
 BATCH = 64
@@ -62,13 +55,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _tokenizer(args: argparse.Namespace) -> Tokenizer:
-    if args.server:
-        return ServerTokenizer(args.server)
-    if args.tokenizer == "builtin":
-        return BuiltinTokenizer()
-    if args.tokenizer:
-        return HFTokenizer(args.tokenizer)
-    return NoTokenizer()
+    return open_tokenizer(args.server, args.tokenizer)
 
 
 def _batches(items: Iterable[LogRequest | BadLine], size: int

@@ -179,3 +179,15 @@ class HFTokenizer(OneByOne):
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self._tok.decode(list(tokens)))
+
+
+def open_tokenizer(server: str | None = None, directory: str | None = None) -> Tokenizer:
+    """A server's /tokenize, 'builtin' or a tokenizer directory; without either, pre-tokenized
+    requests only. Raises AuditError when the one asked for cannot be had."""
+    if server:
+        return ServerTokenizer(server)
+    if directory == "builtin":
+        return BuiltinTokenizer()
+    if directory:
+        return HFTokenizer(directory)
+    return NoTokenizer()
