@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from os.path import commonprefix
 
 from . import catalog
-from .audit.analysis import CONTEXT_TOKENS, RECENT_SIBLINGS, guess_kind
+from .audit.analysis import Divergence, closest_sibling, divergence_at, guess_kind
 from .diagnosis import RequestEvidence
 from .simulator.kvcache import cached_tokens_for
 
@@ -47,14 +47,6 @@ def _unpack(data: bytes) -> tuple[int, ...]:
     out = array("I")
     out.frombytes(data)
     return tuple(out)
-
-
-@dataclass
-class Divergence:
-    position: int
-    mine: tuple[int, ...]
-    theirs: tuple[int, ...]
-    offset: int
 
 
 @dataclass
@@ -149,23 +141,12 @@ class SlidingPrefixIndex:
         if start >= len(tokens):
             return None  # every block matched and nothing is left: no divergence
         rest = packed[start * _TOKEN_BYTES:(start + bs) * _TOKEN_BYTES]
-        best, best_key = 0, None
-        for i, key in enumerate(reversed(node.children)):
-            if i >= RECENT_SIBLINGS:
-                break
-            common = len(commonprefix([rest, key])) // _TOKEN_BYTES
-            if common > best or best_key is None:
-                best, best_key = common, key
+        best, best_key = closest_sibling(
+            reversed(node.children), lambda key: len(commonprefix([rest, key])) // _TOKEN_BYTES)
         if best_key is None:
             return None  # earlier requests ended here: this one extends them
-        rest_tokens = len(rest) // _TOKEN_BYTES
-        if best == rest_tokens and rest_tokens < bs:
-            return None  # a shorter prompt that an earlier one continues
-        position = start + best
-        lo = max(0, position - CONTEXT_TOKENS)
-        mine = tuple(tokens[lo:position + CONTEXT_TOKENS])
-        theirs = tuple(tokens[lo:start]) + _unpack(best_key)
-        return Divergence(position, mine, theirs, position - lo)
+        return divergence_at(tokens, start, len(rest) // _TOKEN_BYTES, bs, best,
+                             _unpack(best_key))
 
 
 Decoder = Callable[[Sequence[int]], str]

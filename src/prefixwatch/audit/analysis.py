@@ -18,8 +18,9 @@ from __future__ import annotations
 import gc
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..simulator.kvcache import BlockPool, cached_tokens_for
 
@@ -89,26 +90,48 @@ class PrefixIndex:
         if start >= len(t):
             return None  # every full block matched and nothing is left: no divergence
         rest = t[start:start + bs]
-        best, best_key = 0, None
-        for i, key in enumerate(reversed(node)):
-            if i >= RECENT_SIBLINGS:
-                break
-            common = 0
+
+        def common(key: tuple[int, ...]) -> int:
+            n = 0
             for a, b in zip(rest, key, strict=False):
                 if a != b:
                     break
-                common += 1
-            if common > best or best_key is None:
-                best, best_key = common, key
+                n += 1
+            return n
+
+        best, best_key = closest_sibling(reversed(node), common)
         if best_key is None:
             return None  # earlier requests ended here: this one extends them, nothing differs
-        position = start + best
-        if best == len(rest) and len(rest) < bs:
-            return None  # a shorter prompt that an earlier one continues: nothing differs
-        lo = max(0, position - CONTEXT_TOKENS)
-        mine = t[lo:position + CONTEXT_TOKENS]
-        theirs = t[lo:start] + tuple(best_key)
-        return Divergence(position, mine, theirs, position - lo)
+        return divergence_at(t, start, len(rest), bs, best, tuple(best_key))
+
+
+K = TypeVar("K")
+
+
+def closest_sibling(siblings: Iterable[K], common: Callable[[K], int]) -> tuple[int, K | None]:
+    """Of the RECENT_SIBLINGS most recent earlier blocks that follow the same prefix (newest
+    first), the one sharing the longest start with this request's diverging block."""
+    best, best_key = 0, None
+    for i, key in enumerate(siblings):
+        if i >= RECENT_SIBLINGS:
+            break
+        shared = common(key)
+        if shared > best or best_key is None:
+            best, best_key = shared, key
+    return best, best_key
+
+
+def divergence_at(tokens: Sequence[int], start: int, rest: int, block_size: int, best: int,
+                  theirs_block: tuple[int, ...]) -> Divergence | None:
+    """The divergence ``best`` tokens into the block at ``start`` (``rest`` tokens of this
+    request from there), with the context on both sides."""
+    if best == rest and rest < block_size:
+        return None  # a shorter prompt that an earlier one continues: nothing differs
+    position = start + best
+    lo = max(0, position - CONTEXT_TOKENS)
+    mine = tuple(tokens[lo:position + CONTEXT_TOKENS])
+    theirs = tuple(tokens[lo:start]) + theirs_block
+    return Divergence(position, mine, theirs, position - lo)
 
 
 class LruReplay:
