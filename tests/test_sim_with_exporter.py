@@ -67,21 +67,27 @@ def test_round_robin_below_prefix_affinity() -> None:
     assert affinity - rr > 0.15
 
 
-@pytest.mark.integration
-def test_status_command_prints_the_figures() -> None:
-    cfg = EngineConfig(prefill_tokens_per_s=1e6, time_per_output_token=0.001)
+def status_of_a_simulated_server(cfg: EngineConfig, gap: str, warm_up: float = 0.0
+                                 ) -> subprocess.CompletedProcess:
+    """`prefixwatch status` on one replica running the healthy workload."""
     srv = ReplicaServer(Replica(cfg), "127.0.0.1", 0)
     srv.start()
     driver = Driver([srv.replica], SCENARIOS["static-system-prompt"], 30, seed=2)
     driver.start()
     try:
-        time.sleep(1.0)
+        time.sleep(warm_up)
         url = f"http://127.0.0.1:{srv.port}/metrics"
-        r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "status", "--target", url,
-                            "--gap", "2"], capture_output=True, text=True, timeout=60)
+        return subprocess.run([sys.executable, "-m", "prefixwatch.cli", "status", "--target",
+                               url, "--gap", gap], capture_output=True, text=True, timeout=60)
     finally:
         driver.stop()
         srv.stop()
+
+
+@pytest.mark.integration
+def test_status_command_prints_the_figures() -> None:
+    cfg = EngineConfig(prefill_tokens_per_s=1e6, time_per_output_token=0.001)
+    r = status_of_a_simulated_server(cfg, "2", warm_up=1.0)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split()[:3] == ["TARGET", "MODEL", "ENGINE"]
@@ -98,17 +104,7 @@ def test_status_command_prints_the_figures() -> None:
 def test_status_prints_the_diagnosis() -> None:
     cfg = EngineConfig(prefill_tokens_per_s=1e6, time_per_output_token=0.001,
                        enable_prefix_caching=False)
-    srv = ReplicaServer(Replica(cfg), "127.0.0.1", 0)
-    srv.start()
-    driver = Driver([srv.replica], SCENARIOS["static-system-prompt"], 30, seed=2)
-    driver.start()
-    try:
-        url = f"http://127.0.0.1:{srv.port}/metrics"
-        r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "status", "--target", url,
-                            "--gap", "1"], capture_output=True, text=True, timeout=60)
-    finally:
-        driver.stop()
-        srv.stop()
+    r = status_of_a_simulated_server(cfg, "1")
     assert r.returncode == 0, r.stderr
     diagnosis = r.stdout.split("Diagnosis over", 1)[1]
     assert "caching_disabled: prefix caching is switched off" in diagnosis
