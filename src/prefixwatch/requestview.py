@@ -21,6 +21,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from os.path import commonprefix
 
+from prometheus_client.utils import floatToGoString
+
 from . import catalog
 from .audit.analysis import Divergence, closest_sibling, divergence_at, guess_kind
 from .diagnosis import RequestEvidence
@@ -252,8 +254,6 @@ class RequestView:
 
     def histogram(self) -> tuple[list[tuple[str, float]], float]:
         """Cumulative buckets (le, count) and sum of the divergence positions."""
-        from prometheus_client.utils import floatToGoString
-
         with self.lock:
             out, running = [], 0
             for bound, count in zip(self.bounds, self.bucket_counts, strict=True):
