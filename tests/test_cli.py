@@ -11,10 +11,9 @@ import time
 import pytest
 import requests
 
-from prefixwatch import catalog
-from prefixwatch.config import ConfigError, build_config
-
-from .conftest import PageServer, free_port, with_counters
+from prefixwatch.core import causes, names
+from prefixwatch.exporter.config import ConfigError, build_config
+from tests.conftest import PageServer, free_port, with_counters
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -78,11 +77,11 @@ def test_config_precedence(tmp_path) -> None:
     flags = build_config(config_file=str(path), targets=["http://x:1/metrics"], interval=3,
                          environ={})
     assert [t.url for t in flags.targets] == ["http://x:1/metrics"] and flags.interval == 3
-    env = build_config(environ={catalog.ENV_TARGETS: "http://e1:1/metrics, http://e2:1/metrics"})
+    env = build_config(environ={names.ENV_TARGETS: "http://e1:1/metrics, http://e2:1/metrics"})
     assert [t.name for t in env.targets] == ["e1:1", "e2:1"]
     default = build_config(environ={})
-    assert default.targets[0].url == catalog.DEFAULT_TARGET
-    assert default.listen_address == f"0.0.0.0:{catalog.DEFAULT_PORT}"
+    assert default.targets[0].url == names.DEFAULT_TARGET
+    assert default.listen_address == f"0.0.0.0:{names.DEFAULT_PORT}"
     same_host = build_config(targets=["http://h:1/a", "http://h:1/b"], environ={})
     assert [t.name for t in same_host.targets] == ["http://h:1/a", "http://h:1/b"]
     with pytest.raises(ConfigError):
@@ -188,7 +187,7 @@ def test_exporter_command_with_a_requests_log(page_server: PageServer, vllm_page
                           if k.startswith("prefixwatch_achievable_hit_ratio{"))
         assert achievable == pytest.approx(29 * 64 / (30 * 72))  # all but the first hit 4 blocks
         assert sum(1 for k in values if k.startswith("prefixwatch_diagnosis{")) == len(
-            catalog.CAUSE_NAMES)
+            causes.CAUSE_NAMES)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)

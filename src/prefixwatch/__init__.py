@@ -1,3 +1,5 @@
 """prefixwatch: observability and alerting for the prefix cache of LLM servers."""
 
-__version__ = "0.1.0"
+from prefixwatch.core.version import __version__
+
+__all__ = ["__version__"]

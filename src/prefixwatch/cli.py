@@ -9,8 +9,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import __version__, catalog
-from .config import ConfigError, build_config
+from prefixwatch.core import causes, names
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.version import __version__
+from prefixwatch.exporter.config import build_config
 
 log = logging.getLogger("prefixwatch")
 
@@ -35,13 +37,13 @@ def _positive_float(text: str) -> float:
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", metavar="URL",
                    help=f"a /metrics URL to poll; repeat for several "
-                        f"(default: ${catalog.ENV_TARGETS}, comma-separated, or "
-                        f"{catalog.DEFAULT_TARGET})")
+                        f"(default: ${names.ENV_TARGETS}, comma-separated, or "
+                        f"{names.DEFAULT_TARGET})")
     p.add_argument("--config", metavar="FILE",
                    help=f"YAML config file (see exporter/prefixwatch.example.yml; "
-                        f"default: ${catalog.ENV_CONFIG})")
+                        f"default: ${names.ENV_CONFIG})")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                   help=f"per-target poll timeout (default {catalog.DEFAULT_TIMEOUT_SECONDS:g})")
+                   help=f"per-target poll timeout (default {names.DEFAULT_TIMEOUT_SECONDS:g})")
     p.add_argument("--bearer-token-file", metavar="FILE",
                    help="send 'Authorization: Bearer <file contents>' to every target")
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify HTTPS targets")
@@ -49,7 +51,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                    help="do not verify HTTPS certificates")
     p.add_argument("--max-body-bytes", type=int, metavar="N",
                    help=f"refuse pages larger than N bytes "
-                        f"(default {catalog.DEFAULT_MAX_BODY_BYTES})")
+                        f"(default {names.DEFAULT_MAX_BODY_BYTES})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,22 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "time windows, normalized counters and TTFT as prefixwatch_* series.")
     _add_target_flags(exp)
     exp.add_argument("--interval", type=_positive_float, metavar="SECONDS",
-                     help=f"poll interval (default {catalog.DEFAULT_INTERVAL_SECONDS:g})")
+                     help=f"poll interval (default {names.DEFAULT_INTERVAL_SECONDS:g})")
     exp.add_argument("--listen-address", metavar="HOST:PORT",
-                     help=f"where to serve /metrics (default {catalog.DEFAULT_LISTEN_ADDRESS})")
+                     help=f"where to serve /metrics (default {names.DEFAULT_LISTEN_ADDRESS})")
     exp.add_argument("--window", action="append", metavar="DURATION",
                      help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
-                          f"(default {' '.join(catalog.DEFAULT_WINDOWS)})")
+                          f"(default {' '.join(names.DEFAULT_WINDOWS)})")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
     diag = exp.add_argument_group(
         "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
     diag.add_argument("--diagnosis-window", metavar="DURATION",
                       help=f"window the causes are judged over (default "
-                           f"{catalog.DIAGNOSIS_WINDOW})")
+                           f"{causes.DIAGNOSIS_WINDOW})")
     diag.add_argument("--cold-start", metavar="DURATION",
                       help=f"a server that (re)started less than this ago is cold "
-                           f"(default {catalog.COLD_START})")
+                           f"(default {causes.COLD_START})")
     diag.add_argument("--requests-log", metavar="PATH",
                       help="opt-in request-level view: a JSONL request log (as `audit` reads) "
                            "or vLLM's own log with --enable-log-requests and "
@@ -111,11 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
                     help="seconds between the two polls (default 5)")
 
-    from .audit.cli import add_audit_parser
-    from .dashboards_cli import add_dashboards_parser
-    from .demo import add_demo_parser
-    from .rules_cli import add_rules_parser
-    from .simulator.cli import add_simulate_parser
+    from prefixwatch.audit.cli import add_audit_parser
+    from prefixwatch.demo import add_demo_parser
+    from prefixwatch.mixin.dashboards_cli import add_dashboards_parser
+    from prefixwatch.mixin.rules_cli import add_rules_parser
+    from prefixwatch.simulator.cli import add_simulate_parser
 
     add_simulate_parser(sub)
     add_rules_parser(sub)
@@ -146,13 +148,13 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
 
 
 def run_exporter(args: argparse.Namespace) -> int:
-    from .exporter import Exporter
+    from prefixwatch.exporter.service import Exporter
 
     config = _config_from(args, with_exporter_flags=True)
     exporter = Exporter(config)
     bridge = None
     if config.otlp_endpoint:
-        from .otlp import OtlpBridge
+        from prefixwatch.exporter.otlp import OtlpBridge
 
         bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint, state=exporter.state)
         exporter.round_listeners.append(bridge.export)
@@ -170,7 +172,7 @@ def run_exporter(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from .status import collect_status, render
+    from prefixwatch.exporter.status import collect_status, render
 
     config = _config_from(args, with_exporter_flags=False)
     rows = collect_status(config, args.gap)
@@ -193,11 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands = {"exporter": run_exporter, "status": run_status}
-    from .audit.cli import run_audit
-    from .dashboards_cli import run_dashboards
-    from .demo import run_demo
-    from .rules_cli import run_rules
-    from .simulator.cli import run_simulate
+    from prefixwatch.audit.cli import run_audit
+    from prefixwatch.demo import run_demo
+    from prefixwatch.mixin.dashboards_cli import run_dashboards
+    from prefixwatch.mixin.rules_cli import run_rules
+    from prefixwatch.simulator.cli import run_simulate
 
     commands["simulate"] = run_simulate
     commands["rules"] = run_rules

@@ -21,11 +21,13 @@ from pathlib import Path
 import requests
 import yaml
 
-from . import alertmanager, catalog, rules, stack
-from .config import ConfigError, build_config
-from .exporter import Exporter
-from .simulator.cli import build_simulation, simulation_args, wait_for_signal
-from .windows import parse_duration
+from prefixwatch.core import causes, names
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.service import Exporter
+from prefixwatch.mixin import alertmanager, rules, stack
+from prefixwatch.simulator.cli import build_simulation, simulation_args, wait_for_signal
 
 log = logging.getLogger("prefixwatch.demo")
 
@@ -56,8 +58,8 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (default 4)")
     p.add_argument("--sim-port", type=int, default=8000,
                    help="first simulator port (default 8000; 0 = any free port)")
-    p.add_argument("--listen-address", default=f"127.0.0.1:{catalog.DEFAULT_PORT}",
-                   help=f"exporter address (default 127.0.0.1:{catalog.DEFAULT_PORT})")
+    p.add_argument("--listen-address", default=f"127.0.0.1:{names.DEFAULT_PORT}",
+                   help=f"exporter address (default 127.0.0.1:{names.DEFAULT_PORT})")
     p.add_argument("--prometheus-port", type=int, default=9090,
                    help="Prometheus port on 127.0.0.1 (default 9090)")
     p.add_argument("--alertmanager-port", type=int, default=9093,
@@ -169,7 +171,7 @@ class Backends:
 
 
 def _targets_from_env() -> list[str] | None:
-    for var in ("VLLM_TARGETS", catalog.ENV_TARGETS):
+    for var in ("VLLM_TARGETS", names.ENV_TARGETS):
         raw = os.environ.get(var, "").strip()
         if raw:
             return [u.strip() for u in raw.split(",") if u.strip()]
@@ -199,11 +201,11 @@ def run_demo(args: argparse.Namespace) -> int:
         targets = sim.urls
         requests_log = {"path": log_path, "follow": True}
     config = build_config(targets=targets, listen_address=args.listen_address,
-                          interval=max(0.5, catalog.DEFAULT_INTERVAL_SECONDS * args.time_scale),
+                          interval=max(0.5, names.DEFAULT_INTERVAL_SECONDS * args.time_scale),
                           diagnosis_window=rules.prom_duration(
-                              parse_duration(catalog.DIAGNOSIS_WINDOW) * args.time_scale),
+                              parse_duration(causes.DIAGNOSIS_WINDOW) * args.time_scale),
                           cold_start=rules.prom_duration(
-                              parse_duration(catalog.COLD_START) * args.time_scale),
+                              parse_duration(causes.COLD_START) * args.time_scale),
                           requests_log=requests_log)
     exporter = Exporter(config)
     backends: Backends | None = None

@@ -12,10 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..config import ConfigError
-from .analysis import Auditor, Report, diff
-from .logs import BadLine, LogRequest, parse_request, read_jsonl
-from .tokenizers import AuditError, ServerTokenizer, Tokenizer, open_tokenizer
+from prefixwatch.audit.analysis import Auditor, Report, diff
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.logformat import BadLine, LogRequest, parse_request, read_jsonl
+from prefixwatch.core.tokenizers import AuditError, ServerTokenizer, Tokenizer, open_tokenizer
 
 log = logging.getLogger("prefixwatch.audit")
 BATCH = 64

@@ -9,13 +9,13 @@ import sys
 import threading
 from typing import IO
 
-from ..config import ConfigError
-from ..windows import parse_duration
-from .driver import Driver, get_scenario
-from .engine import EngineConfig
-from .requestlog import RequestLogger
-from .scenarios import describe
-from .server import Replica, ReplicaServer
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.simulator.driver import Driver, get_scenario
+from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.requestlog import RequestLogger
+from prefixwatch.simulator.scenarios import describe
+from prefixwatch.simulator.server import Replica, ReplicaServer
 
 log = logging.getLogger("prefixwatch.simulate")
 

@@ -14,8 +14,8 @@ import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from .scenarios import SCENARIOS, Corpus, Scenario, Work
-from .server import BadRequest, Replica
+from prefixwatch.simulator.scenarios import SCENARIOS, Corpus, Scenario, Work
+from prefixwatch.simulator.server import BadRequest, Replica
 
 log = logging.getLogger("prefixwatch.simulate")
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from .kvcache import BlockPool, Node, Residency
+from prefixwatch.core.blockcache import BlockPool, Node, Residency
 
 
 @dataclass

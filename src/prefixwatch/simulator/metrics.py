@@ -21,14 +21,15 @@ from prometheus_client import (
     generate_latest,
 )
 
-from .. import catalog
-from .engine import Engine, SimRequest
+from prefixwatch.core import schemas
+from prefixwatch.simulator import pages
+from prefixwatch.simulator.engine import Engine, SimRequest
 
 
-def _declare(family: catalog.PageFamily, registry: CollectorRegistry) -> Any:
+def _declare(family: pages.PageFamily, registry: CollectorRegistry) -> Any:
     labels = list(family.labels) + [name for name, _ in family.preset]
-    if family.name == catalog.VLLM_CACHE_CONFIG_INFO:
-        labels = sorted({k for k, _ in catalog.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
+    if family.name == pages.VLLM_CACHE_CONFIG_INFO:
+        labels = sorted({k for k, _ in pages.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
     kwargs: dict[str, Any] = {"labelnames": labels, "registry": registry}
     if family.kind == "counter":
         return Counter(family.name, family.help, **kwargs)
@@ -47,18 +48,18 @@ class PageMetrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        page = catalog.VLLM_V1_PAGE if server == "vllm" else catalog.SGLANG_PAGE
+        page = pages.VLLM_V1_PAGE if server == "vllm" else pages.SGLANG_PAGE
         residency = engine.pool.residency if server == "vllm" else None
         if residency is not None:  # declared right after the decode-time histogram, as vLLM does
             at = next(i for i, f in enumerate(page)
                       if f.name == "vllm:request_decode_time_seconds") + 1
-            page = page[:at] + catalog.VLLM_KV_CACHE_METRICS_PAGE + page[at:]
+            page = page[:at] + pages.VLLM_KV_CACHE_METRICS_PAGE + page[at:]
         self.m: dict[str, Any] = {}
         model = engine.config.model
         for family in page:
             metric = _declare(family, self.registry)
             self.m[family.name] = metric
-            if family.name == catalog.VLLM_CACHE_CONFIG_INFO:
+            if family.name == pages.VLLM_CACHE_CONFIG_INFO:
                 continue
             base = {"model_name": model}
             if "engine" in family.labels:
@@ -93,12 +94,12 @@ class PageMetrics:
 
     def _set_cache_info(self) -> None:
         cfg = self.engine.config
-        values = dict(catalog.VLLM_CACHE_CONFIG_DEFAULTS)
-        values[catalog.CACHE_INFO_BLOCK_SIZE] = str(cfg.block_size)
-        values[catalog.CACHE_INFO_NUM_GPU_BLOCKS] = str(cfg.num_blocks)
-        values[catalog.CACHE_INFO_ENABLED] = str(cfg.enable_prefix_caching)
+        values = dict(pages.VLLM_CACHE_CONFIG_DEFAULTS)
+        values[schemas.CACHE_INFO_BLOCK_SIZE] = str(cfg.block_size)
+        values[schemas.CACHE_INFO_NUM_GPU_BLOCKS] = str(cfg.num_blocks)
+        values[schemas.CACHE_INFO_ENABLED] = str(cfg.enable_prefix_caching)
         values["engine"] = self._engine_index
-        self.m[catalog.VLLM_CACHE_CONFIG_INFO].labels(**values).set(1)
+        self.m[pages.VLLM_CACHE_CONFIG_INFO].labels(**values).set(1)
 
     # -- events from the engine ----------------------------------------------------------------
 

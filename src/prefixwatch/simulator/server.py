@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .engine import Engine, EngineConfig, EngineThread, SimRequest
-from .metrics import PageMetrics
-from .requestlog import RequestLogger
-from .tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
+from prefixwatch.core.builtin_tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
+from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
+from prefixwatch.simulator.metrics import PageMetrics
+from prefixwatch.simulator.requestlog import RequestLogger
 
 log = logging.getLogger("prefixwatch.simulate")
 

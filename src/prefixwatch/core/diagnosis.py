@@ -1,0 +1,222 @@
+"""Why is the hit rate low: the runbook's causes, told apart by the traces each one leaves.
+
+Pure functions over figures the exporter already has (one window of each target's counters,
+gauges and histograms, and, when a requests log is read, what an unlimited cache would have
+served). The rules and their thresholds are documented in docs/runbooks.md#diagnosis; the
+numbers live in ``catalog.DiagnosisThresholds``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
+from prefixwatch.core.windows import histogram_quantile, ratio
+
+
+@dataclass
+class TargetEvidence:
+    """One model on one target, over the diagnosis window (None: not known)."""
+
+    queries: float = 0.0
+    hits: float = 0.0
+    prev_queries: float = 0.0
+    prev_hits: float = 0.0
+    caching_enabled: bool | None = None
+    block_size: int | None = None
+    kv_peak: float | None = None
+    preemptions: float | None = None
+    waiting_first: float | None = None
+    waiting_last: float | None = None
+    waiting_mean: float | None = None
+    evicted_blocks: float | None = None
+    evict_idle_median: float | None = None
+    prompt_len: tuple[tuple[float, ...], list[float]] | None = None  # window deltas
+    ttft_p50: float | None = None
+    prev_ttft_p50: float | None = None
+    ttft_requests: float = 0.0
+    prev_ttft_requests: float = 0.0
+    seconds_since_start: float | None = None
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return ratio(self.hits, self.queries)
+
+    @property
+    def prev_hit_ratio(self) -> float | None:
+        return ratio(self.prev_hits, self.prev_queries)
+
+    @property
+    def requests(self) -> float:
+        if self.prompt_len is None:
+            return 0.0
+        return self.prompt_len[1][-1]
+
+    def short_share(self) -> float | None:
+        """Share of the window's requests whose prompt fits in one block (can never hit)."""
+        if self.prompt_len is None or self.block_size is None or not self.requests > 0:
+            return None
+        bounds, counts = self.prompt_len
+        return fraction_at_or_below(self.block_size, bounds, counts) / self.requests
+
+    def prompt_quantile(self, q: float) -> float | None:
+        if self.prompt_len is None:
+            return None
+        return histogram_quantile(q, *self.prompt_len)
+
+
+@dataclass
+class RequestEvidence:
+    """What the requests log says about the window: an unlimited cache's hit ratio."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cacheable_tokens: int = 0
+    long_requests: int = 0
+    long_prompt_tokens: int = 0
+    long_cacheable_tokens: int = 0
+
+    @property
+    def achievable(self) -> float | None:
+        return ratio(self.cacheable_tokens, self.prompt_tokens)
+
+    @property
+    def achievable_long(self) -> float | None:
+        return ratio(self.long_cacheable_tokens, self.long_prompt_tokens)
+
+
+@dataclass
+class Diagnosis:
+    """Causes per (target, model); every cause present, True while it holds."""
+
+    causes: dict[tuple[str, str], dict[str, bool]] = field(default_factory=dict)
+
+    def active(self, target: str, model: str) -> list[str]:
+        return [c for c, on in self.causes.get((target, model), {}).items() if on]
+
+
+def fraction_at_or_below(x: float, bounds: tuple[float, ...], cumulative: list[float]) -> float:
+    """Observations at or below x, interpolated linearly inside the bucket (as
+    histogram_quantile does)."""
+    below_bound, below_count = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if x <= bound:
+            if math.isinf(bound) or bound == below_bound:
+                return below_count
+            return below_count + (count - below_count) * (x - below_bound) / (
+                bound - below_bound)
+        below_bound, below_count = bound, count
+    return below_count
+
+
+# -- one rule per cause --------------------------------------------------------------------------
+
+
+def caching_disabled(ev: TargetEvidence) -> bool:
+    return ev.caching_enabled is False
+
+
+def metric_pressure(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
+    """The pool is full and something shows it: preemptions, a queue that does not drain, or
+    cached blocks evicted soon after their last use."""
+    if ev.kv_peak is None or ev.kv_peak < th.kv_usage_full:
+        return False
+    if ev.preemptions is not None and ev.preemptions > 0:
+        return True
+    if (ev.waiting_mean is not None and ev.waiting_mean > 0 and ev.waiting_first is not None
+            and ev.waiting_last is not None and ev.waiting_last >= ev.waiting_first
+            and ev.waiting_last > 0):
+        return True
+    return bool(ev.evicted_blocks and ev.evict_idle_median is not None
+                and ev.evict_idle_median < th.evict_idle_seconds)
+
+
+def short_prompts(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
+    share = ev.short_share()
+    return share is not None and ev.requests >= th.min_requests and share >= th.short_prompt_share
+
+
+def prompt_variance(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
+    hit = ev.hit_ratio
+    if hit is None or hit >= th.hit_ratio or ev.requests < th.min_requests:
+        return False
+    p50, p99 = ev.prompt_quantile(0.5), ev.prompt_quantile(0.99)
+    return bool(p50 and p99 is not None and p99 >= th.prompt_variance_ratio * p50)
+
+
+def cold_start(ev: TargetEvidence, cold_seconds: float) -> bool:
+    return ev.seconds_since_start is not None and 0 <= ev.seconds_since_start < cold_seconds
+
+
+def no_ttft_benefit(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
+    now, before = ev.hit_ratio, ev.prev_hit_ratio
+    if now is None or before is None or now - before < th.ttft_rise:
+        return False
+    if min(ev.ttft_requests, ev.prev_ttft_requests) < th.min_requests:
+        return False
+    if ev.ttft_p50 is None or ev.prev_ttft_p50 is None:
+        return False
+    return ev.ttft_p50 >= th.ttft_fall * ev.prev_ttft_p50
+
+
+def prefix_divergence(req: RequestEvidence | None, th: DiagnosisThresholds) -> bool:
+    if req is None or req.long_requests < th.min_requests:
+        return False
+    value = req.achievable_long
+    return value is not None and value < th.hit_ratio
+
+
+def diagnose(
+    evidence: Mapping[str, Mapping[str, TargetEvidence]],
+    requests: Mapping[str, RequestEvidence | None],
+    th: DiagnosisThresholds,
+    cold_seconds: float,
+) -> Diagnosis:
+    """``evidence``: target -> model -> figures; ``requests``: model -> requests-log figures."""
+    out = Diagnosis()
+    by_model: dict[str, dict[str, TargetEvidence]] = {}
+    for target, models in evidence.items():
+        for model, ev in models.items():
+            by_model.setdefault(model, {})[target] = ev
+    for model, targets in by_model.items():
+        req = requests.get(model)
+        per_target: dict[str, dict[str, bool]] = {}
+        for target, ev in targets.items():
+            causes = dict.fromkeys(CAUSE_NAMES, False)
+            causes["caching_disabled"] = caching_disabled(ev)
+            causes["eviction_pressure"] = metric_pressure(ev, th)
+            causes["short_prompts"] = short_prompts(ev, th)
+            causes["prompt_variance"] = prompt_variance(ev, th)
+            causes["cold_start"] = cold_start(ev, cold_seconds)
+            causes["no_ttft_benefit"] = no_ttft_benefit(ev, th)
+            causes["prefix_divergence"] = prefix_divergence(req, th)
+            per_target[target] = causes
+        _gap_causes(targets, per_target, req, th)
+        for target, causes in per_target.items():
+            out.causes[(target, model)] = causes
+    return out
+
+
+def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dict[str, bool]],
+                req: RequestEvidence | None, th: DiagnosisThresholds) -> None:
+    """Achievable high, achieved low: the cache forgot (one replica) or the traffic is spread
+    (several replicas, no pool under pressure)."""
+    if req is None or req.long_requests < th.min_requests:
+        return
+    achievable = req.achievable
+    serving = [t for t, ev in targets.items() if ev.queries > 0]
+    if achievable is None or achievable < th.hit_ratio or not serving:
+        return
+    if any(per_target[t]["caching_disabled"] or per_target[t]["cold_start"] for t in serving):
+        return  # those explain the gap already
+    achieved = ratio(sum(targets[t].hits for t in serving),
+                     sum(targets[t].queries for t in serving))
+    if achieved is None or achievable - achieved < th.routing_gap:
+        return
+    if len(serving) == 1:
+        per_target[serving[0]]["eviction_pressure"] = True
+    elif not any(per_target[t]["eviction_pressure"] for t in serving):
+        for t in serving:
+            per_target[t]["routing_spread"] = True

@@ -1,0 +1,222 @@
+"""Every metric name, label and default that prefixwatch writes: the one table.
+
+The exporter, the rule and dashboard generators and the simulator read these names;
+nothing else in the project spells a metric name prefixwatch writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --------------------------------------------------------------------------------------------
+# Defaults
+# --------------------------------------------------------------------------------------------
+
+#: Port of the exporter's own /metrics. Chosen outside the exporter range that Prometheus'
+#: default-port-allocations wiki hands out to other exporters (see docs/configuration.md).
+DEFAULT_PORT = 10089
+DEFAULT_LISTEN_ADDRESS = f"0.0.0.0:{DEFAULT_PORT}"
+DEFAULT_TARGET = "http://localhost:8000/metrics"
+DEFAULT_INTERVAL_SECONDS = 5.0
+DEFAULT_TIMEOUT_SECONDS = 3.0
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Windows over which the exporter derives hit ratios and TTFT quantiles.
+DEFAULT_WINDOWS: tuple[str, ...] = ("1m", "5m", "15m", "1h")
+LIFETIME_WINDOW = "lifetime"
+TTFT_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
+#: A model's hit rate below this pages (alerting issue); the dashboards colour against it.
+DEFAULT_HIT_RATIO_THRESHOLD = 0.70
+
+# Environment variables the exporter reads when no flag is given.
+ENV_TARGETS = "PREFIXWATCH_TARGETS"
+ENV_CONFIG = "PREFIXWATCH_CONFIG"
+
+# --------------------------------------------------------------------------------------------
+# What prefixwatch exposes (no colons: colons are reserved for recording rules)
+# --------------------------------------------------------------------------------------------
+
+PREFIX = "prefixwatch_"
+
+# Label names of our own series.
+L_TARGET = "target"
+L_MODEL = "model_name"
+L_ENGINE = "engine"
+L_SERVER = "server"
+L_WINDOW = "window"
+L_QUANTILE = "quantile"
+L_REASON = "reason"
+L_SCHEMA = "schema"
+L_SOURCE = "source"
+
+
+@dataclass(frozen=True)
+class OutMetric:
+    """One series family that the exporter writes."""
+
+    name: str  # without the _total suffix for counters (client_python adds it)
+    kind: str  # counter | gauge | histogram | info
+    help: str
+    labels: tuple[str, ...]
+    #: For info metrics: the keys of the info value (client_python adds them as labels).
+    info_keys: tuple[str, ...] = ()
+
+
+_SERIES = (L_TARGET, L_MODEL, L_ENGINE, L_SERVER)
+
+OUT_QUERIES = OutMetric(
+    "prefixwatch_prefix_cache_queries", "counter",
+    "Prompt tokens looked up in the prefix cache, as the engine counts them.", _SERIES)
+OUT_HITS = OutMetric(
+    "prefixwatch_prefix_cache_hits", "counter",
+    "Prompt tokens served from the prefix cache, as the engine counts them.", _SERIES)
+OUT_EXT_QUERIES = OutMetric(
+    "prefixwatch_external_prefix_cache_queries", "counter",
+    "Prompt tokens looked up in an external (KV connector) cache.", _SERIES)
+OUT_EXT_HITS = OutMetric(
+    "prefixwatch_external_prefix_cache_hits", "counter",
+    "Prompt tokens served from an external (KV connector) cache.", _SERIES)
+OUT_PROMPT_TOKENS = OutMetric(
+    "prefixwatch_prompt_tokens", "counter",
+    "Prompt (prefill) tokens processed.", _SERIES)
+OUT_PROMPT_TOKENS_CACHED = OutMetric(
+    "prefixwatch_prompt_tokens_cached", "counter",
+    "Prompt tokens served from any cache (local and external).", _SERIES)
+OUT_PREEMPTIONS = OutMetric(
+    "prefixwatch_preemptions", "counter",
+    "Requests preempted because the KV-cache pool was full.", _SERIES)
+OUT_TTFT = OutMetric(
+    "prefixwatch_time_to_first_token_seconds", "histogram",
+    "Time to first token, re-exposed with the engine's own buckets.", _SERIES)
+OUT_PROMPT_LEN = OutMetric(
+    "prefixwatch_request_prompt_tokens", "histogram",
+    "Prompt length per request, re-exposed with the engine's own buckets.", _SERIES)
+OUT_KV_USAGE = OutMetric(
+    "prefixwatch_kv_cache_usage_ratio", "gauge",
+    "Share of the KV-cache pool in use (1 = full).", _SERIES)
+OUT_RUNNING = OutMetric(
+    "prefixwatch_requests_running", "gauge", "Requests in the running batch.", _SERIES)
+OUT_WAITING = OutMetric(
+    "prefixwatch_requests_waiting", "gauge", "Requests waiting to be scheduled.", _SERIES)
+OUT_BLOCK_SIZE = OutMetric(
+    "prefixwatch_cache_block_size_tokens", "gauge",
+    "Tokens per KV-cache block; prompts shorter than one block can never hit.", _SERIES)
+OUT_CACHING_ENABLED = OutMetric(
+    "prefixwatch_prefix_caching_enabled", "gauge",
+    "1 when the engine reports prefix caching switched on, 0 when off.", _SERIES)
+OUT_ENGINE_REPORTED = OutMetric(
+    "prefixwatch_engine_reported_hit_ratio", "gauge",
+    "Hit ratio as the engine reports it itself (vLLM V0 gauge, SGLang last-batch gauge). "
+    "Not windowed: no time window can be derived from it.",
+    (L_TARGET, L_MODEL, L_ENGINE, L_SERVER, L_SOURCE))
+
+OUT_HIT_RATIO = OutMetric(
+    "prefixwatch_prefix_cache_hit_ratio", "gauge",
+    "Prefix-cache hit ratio of one target and model over a window: "
+    "delta(hits)/delta(queries), reset-safe; absent when the window saw no queries.",
+    (L_TARGET, L_MODEL, L_SERVER, L_WINDOW))
+OUT_FLEET_HIT_RATIO = OutMetric(
+    "prefixwatch_fleet_prefix_cache_hit_ratio", "gauge",
+    "Prefix-cache hit ratio of a model over all targets: sum of hits over sum of queries "
+    "(never an average of ratios); absent when the window saw no queries.",
+    (L_MODEL, L_WINDOW))
+OUT_CACHED_TOKENS_RATE = OutMetric(
+    "prefixwatch_prefix_cache_hit_tokens_per_second", "gauge",
+    "Prompt tokens per second served from the prefix cache over a window (prefill work saved).",
+    (L_TARGET, L_MODEL, L_SERVER, L_WINDOW))
+OUT_QUERY_RATE = OutMetric(
+    "prefixwatch_prefix_cache_query_tokens_per_second", "gauge",
+    "Prompt tokens per second looked up in the prefix cache over a window.",
+    (L_TARGET, L_MODEL, L_SERVER, L_WINDOW))
+OUT_TTFT_QUANTILE = OutMetric(
+    "prefixwatch_time_to_first_token_quantile_seconds", "gauge",
+    "TTFT quantile over a window, from histogram bucket deltas (linear interpolation, as "
+    "histogram_quantile); absent when the window saw no requests.",
+    (L_TARGET, L_MODEL, L_SERVER, L_WINDOW, L_QUANTILE))
+
+OUT_TARGET_UP = OutMetric(
+    "prefixwatch_target_up", "gauge",
+    "1 when the last poll of the target succeeded, 0 otherwise.", (L_TARGET,))
+OUT_TARGET_INFO = OutMetric(
+    "prefixwatch_target", "info",
+    "Engine kind and metric schema detected on the target.", (L_TARGET,),
+    info_keys=(L_SERVER, L_SCHEMA))
+OUT_SCRAPE_DURATION = OutMetric(
+    "prefixwatch_scrape_duration_seconds", "gauge",
+    "Seconds the last poll of the target took.", (L_TARGET,))
+OUT_SCRAPE_ERRORS = OutMetric(
+    "prefixwatch_scrape_errors", "counter",
+    "Failed polls of the target, by reason.", (L_TARGET, L_REASON))
+OUT_LAST_SUCCESS = OutMetric(
+    "prefixwatch_last_successful_scrape_timestamp_seconds", "gauge",
+    "Unix time of the last successful poll of the target.", (L_TARGET,))
+OUT_ROUND_DURATION = OutMetric(
+    "prefixwatch_poll_round_duration_seconds", "gauge",
+    "Seconds the last round of polling all targets took; keep it under the interval.", ())
+OUT_BUILD_INFO = OutMetric(
+    "prefixwatch_build", "info", "prefixwatch version and Python version.", (),
+    info_keys=("version", "python"))
+
+# -- Diagnosis: why the hit rate is low ------------------------------------------------------
+
+L_CAUSE = "cause"
+L_KIND = "kind"
+L_RESULT = "result"
+
+OUT_DIAGNOSIS = OutMetric(
+    "prefixwatch_diagnosis", "gauge",
+    "1 while a cause of a low hit rate holds for the target and model, 0 otherwise; every "
+    "cause is always present (rules in docs/runbooks.md#diagnosis).",
+    (L_TARGET, L_MODEL, L_CAUSE))
+OUT_ACHIEVABLE = OutMetric(
+    "prefixwatch_achievable_hit_ratio", "gauge",
+    "Hit ratio an unlimited prefix cache would reach on the logged requests of the window "
+    "(vLLM's rule: whole blocks, n-1 cap); absent without a requests log or traffic.",
+    (L_MODEL, L_WINDOW))
+OUT_DIVERGENCE = OutMetric(
+    "prefixwatch_prefix_divergence_tokens", "histogram",
+    "Token position where a logged request stops matching the closest earlier request.",
+    (L_MODEL,))
+OUT_DIVERGENCE_KIND = OutMetric(
+    "prefixwatch_prefix_divergence_requests", "gauge",
+    "Logged requests of the window that diverge early, by what varies there (never the text).",
+    (L_MODEL, L_WINDOW, L_KIND))
+OUT_DIVERGENCE_TOP_KIND = OutMetric(
+    "prefixwatch_prefix_divergence_top_kind", "gauge",
+    "1 on the most frequent divergence kind of the window.", (L_MODEL, L_WINDOW, L_KIND))
+OUT_REQUESTS_LOG_LINES = OutMetric(
+    "prefixwatch_requests_log_lines", "counter",
+    "Lines read from the requests log, by result (request, truncated, skipped, other).",
+    (L_RESULT,))
+OUT_REQUESTS_WINDOW = OutMetric(
+    "prefixwatch_requests_window_requests", "gauge",
+    "Requests held in the sliding window of the request-level view.", ())
+OUT_REQUESTS_WINDOW_BLOCKS = OutMetric(
+    "prefixwatch_requests_window_blocks", "gauge",
+    "Distinct KV blocks held by the sliding window (its memory is proportional to this).", ())
+
+
+#: What varies where requests diverge (the audit's kinds); "unknown" without a decoder.
+DIVERGENCE_KINDS: tuple[str, ...] = ("date/time", "id", "key order", "number", "name", "text",
+                                     "unknown")
+#: Buckets of the divergence-position histogram, in tokens.
+DIVERGENCE_BUCKETS: tuple[float, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                         16384, 32768)
+REQUESTS_LOG_RESULTS: tuple[str, ...] = ("request", "truncated", "skipped", "other")
+
+#: Sliding window of the request-level view: at most this many requests and blocks.
+REQUESTS_WINDOW_REQUESTS = 4096
+REQUESTS_WINDOW_BLOCKS = 262_144
+
+
+#: Reasons a poll fails; every one is pre-initialised to 0 for every target.
+SCRAPE_ERROR_REASONS: tuple[str, ...] = (
+    "connect",        # connection refused, DNS, reset
+    "timeout",        # no complete answer within the target's timeout
+    "tls",            # certificate or handshake failure
+    "http_status",    # a status other than 200
+    "too_large",      # the body passed the size cap
+    "not_metrics",    # HTML error page, or a page without any known engine family
+    "parse",          # malformed or truncated exposition, duplicate series
+    "invalid_value",  # NaN or negative counter
+)
+

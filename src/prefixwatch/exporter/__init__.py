@@ -1,0 +1,1 @@
+"""The sidecar: polls engines' /metrics, keeps windows, diagnoses, serves prefixwatch_* and OTLP."""

@@ -1,0 +1,230 @@
+"""client_python custom Collector: fresh metric families on every scrape of the exporter.
+
+The poll loop does the work (history, window math); ``collect`` only turns the latest state of
+each target into families, so a scrape of the exporter never waits on a slow target.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from prefixwatch.core import causes, names
+from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
+from prefixwatch.core.names import OutMetric
+from prefixwatch.core.version import __version__
+from prefixwatch.core.windows import ratio
+from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.requestlog.view import RequestView
+
+
+class DiagnosisState:
+    """The latest diagnosis, written by the poll loop after each round, read by scrapes."""
+
+    def __init__(self, window: str) -> None:
+        self.window = window
+        self.lock = threading.Lock()
+        self.diagnosis = Diagnosis()
+        self.requests: dict[str, RequestEvidence] = {}
+        self.kinds: dict[str, Counter[str]] = {}
+
+    def update(self, diagnosis: Diagnosis, requests: dict[str, RequestEvidence],
+               kinds: dict[str, Counter[str]]) -> None:
+        with self.lock:
+            self.diagnosis = diagnosis
+            self.requests = requests
+            self.kinds = kinds
+
+
+def _family(metric: OutMetric) -> Metric:
+    names = list(metric.labels)
+    if metric.kind == "counter":
+        return CounterMetricFamily(metric.name, metric.help, labels=names)
+    if metric.kind == "histogram":
+        return HistogramMetricFamily(metric.name, metric.help, labels=names)
+    if metric.kind == "info":
+        return InfoMetricFamily(metric.name, metric.help, labels=names)
+    return GaugeMetricFamily(metric.name, metric.help, labels=names)
+
+
+_COUNTERS = (
+    ("queries", names.OUT_QUERIES), ("hits", names.OUT_HITS),
+    ("ext_queries", names.OUT_EXT_QUERIES), ("ext_hits", names.OUT_EXT_HITS),
+    ("prompt_tokens", names.OUT_PROMPT_TOKENS),
+    ("prompt_tokens_cached", names.OUT_PROMPT_TOKENS_CACHED),
+    ("preemptions", names.OUT_PREEMPTIONS),
+)
+_GAUGES = (
+    ("kv_usage", names.OUT_KV_USAGE), ("running", names.OUT_RUNNING),
+    ("waiting", names.OUT_WAITING),
+)
+_HISTOGRAMS = (("ttft", names.OUT_TTFT), ("prompt_len", names.OUT_PROMPT_LEN))
+
+
+class PrefixwatchCollector(Collector):
+    def __init__(self, monitors: Iterable[TargetMonitor], windows: dict[str, float],
+                 state: DiagnosisState | None = None, view: RequestView | None = None) -> None:
+        self.monitors = list(monitors)
+        self.windows = windows
+        self.state = state
+        self.view = view
+        #: The model a requests log belongs to (None: every model the targets serve).
+        self.view_model: str | None = None
+        self.round_seconds: float | None = None  # set by the poll loop
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families vary with what the targets show
+
+    def collect(self) -> Iterator[Metric]:
+        fam: dict[str, Metric] = {}
+
+        def family(metric: OutMetric) -> Metric:
+            if metric.name not in fam:
+                fam[metric.name] = _family(metric)
+            return fam[metric.name]
+
+        build = family(names.OUT_BUILD_INFO)
+        build.add_metric([], dict(zip(names.OUT_BUILD_INFO.info_keys,
+                                      (__version__, platform.python_version()), strict=True)))
+        if self.round_seconds is not None:
+            family(names.OUT_ROUND_DURATION).add_metric([], self.round_seconds)
+        for metric in (names.OUT_TARGET_UP, names.OUT_SCRAPE_DURATION,
+                       names.OUT_SCRAPE_ERRORS, names.OUT_LAST_SUCCESS,
+                       names.OUT_TARGET_INFO, names.OUT_HIT_RATIO,
+                       names.OUT_FLEET_HIT_RATIO):
+            family(metric)  # always present, even with no data, so dashboards see the names
+
+        fleet: dict[tuple[str, str], list[float]] = {}
+        for mon in self.monitors:
+            with mon.lock:
+                self._collect_target(mon, family, fleet)
+        fleet_family = family(names.OUT_FLEET_HIT_RATIO)
+        for (model, window), (queries, hits) in sorted(fleet.items()):
+            value = ratio(hits, queries)
+            if value is not None:
+                fleet_family.add_metric([model, window], value)
+        if self.state is not None:
+            self._collect_diagnosis(family)
+        if self.view is not None:
+            self._collect_requests(family)
+        yield from fam.values()
+
+    def _collect_diagnosis(self, family) -> None:
+        assert self.state is not None
+        diag = family(names.OUT_DIAGNOSIS)
+        up = {m.name for m in self.monitors if m.up}
+        with self.state.lock:
+            for (target, model), held in sorted(self.state.diagnosis.causes.items()):
+                if target not in up:
+                    continue  # a target that is down has no diagnosis, only up=0
+                for cause in causes.CAUSE_NAMES:
+                    diag.add_metric([target, model, cause], 1.0 if held.get(cause) else 0.0)
+            window = self.state.window
+            for model, req in sorted(self.state.requests.items()):
+                value = req.achievable
+                if value is not None:
+                    family(names.OUT_ACHIEVABLE).add_metric([model, window], value)
+                kinds = self.state.kinds.get(model, Counter())
+                per_kind = family(names.OUT_DIVERGENCE_KIND)
+                for kind in names.DIVERGENCE_KINDS:
+                    per_kind.add_metric([model, window, kind], float(kinds.get(kind, 0)))
+                if kinds:
+                    top = max(names.DIVERGENCE_KINDS, key=lambda k: kinds.get(k, 0))
+                    family(names.OUT_DIVERGENCE_TOP_KIND).add_metric([model, window, top], 1.0)
+
+    def _collect_requests(self, family) -> None:
+        assert self.view is not None
+        lines = family(names.OUT_REQUESTS_LOG_LINES)
+        for result in names.REQUESTS_LOG_RESULTS:
+            lines.add_metric([result], float(self.view.lines.get(result, 0)))
+        held, blocks = self.view.window_size()
+        family(names.OUT_REQUESTS_WINDOW).add_metric([], float(held))
+        family(names.OUT_REQUESTS_WINDOW_BLOCKS).add_metric([], float(blocks))
+        buckets, total = self.view.histogram()
+        models = ([self.view_model] if self.view_model else
+                  sorted(self.state.requests) if self.state is not None else [])
+        for model in models:
+            family(names.OUT_DIVERGENCE).add_metric([model], buckets, total)
+
+    def _collect_target(self, mon: TargetMonitor, family, fleet) -> None:
+        t = mon.name
+        family(names.OUT_TARGET_UP).add_metric([t], 1.0 if mon.up else 0.0)
+        if not math.isnan(mon.scrape_duration):
+            family(names.OUT_SCRAPE_DURATION).add_metric([t], mon.scrape_duration)
+        if not math.isnan(mon.last_success):
+            family(names.OUT_LAST_SUCCESS).add_metric([t], mon.last_success)
+        errors = family(names.OUT_SCRAPE_ERRORS)
+        for reason in names.SCRAPE_ERROR_REASONS:
+            errors.add_metric([t, reason], float(mon.errors.get(reason, 0)))
+        snap = mon.snapshot
+        if not mon.up or snap is None:
+            return
+        server = snap.schema.server
+        family(names.OUT_TARGET_INFO).add_metric(
+            [t], dict(zip(names.OUT_TARGET_INFO.info_keys, (server, snap.schema.schema),
+                          strict=True)))
+
+        for (model, engine), state in sorted(mon.series.items()):
+            labels = [t, model, engine, server]
+            values = state.values
+            for role, metric in _COUNTERS:
+                if role in values.counters:
+                    family(metric).add_metric(labels, values.counters[role],
+                                              created=values.created.get(role))
+            for role, metric in _GAUGES:
+                if role in values.gauges:
+                    family(metric).add_metric(labels, values.gauges[role])
+            for role, metric in _HISTOGRAMS:
+                hist = values.histograms.get(role)
+                if hist is not None:
+                    buckets = [(floatToGoString(b), c)
+                               for b, c in zip(hist.bounds, hist.counts, strict=True)]
+                    family(metric).add_metric(labels, buckets, hist.sum)
+            if values.block_size is not None:
+                family(names.OUT_BLOCK_SIZE).add_metric(labels, float(values.block_size))
+            if values.caching_enabled is not None:
+                family(names.OUT_CACHING_ENABLED).add_metric(
+                    labels, 1.0 if values.caching_enabled else 0.0)
+            reported = values.gauges.get("engine_reported_hit_ratio")
+            if reported is not None and snap.schema.engine_reported_hit_ratio:
+                family(names.OUT_ENGINE_REPORTED).add_metric(
+                    labels + [snap.schema.engine_reported_hit_ratio], reported)
+
+        for model, figures in sorted(mon.models.items()):
+            base = [t, model, server]
+            lifetime = ratio(figures.lifetime_hits, figures.lifetime_queries)
+            if lifetime is not None:
+                family(names.OUT_HIT_RATIO).add_metric(
+                    base + [names.LIFETIME_WINDOW], lifetime)
+            for window, wf in figures.windows.items():
+                value = wf.hit_ratio
+                if value is not None:
+                    family(names.OUT_HIT_RATIO).add_metric(base + [window], value)
+                    slot = fleet.setdefault((model, window), [0.0, 0.0])
+                    slot[0] += wf.queries
+                    slot[1] += wf.hits
+                elif wf.queries == 0:
+                    fleet.setdefault((model, window), [0.0, 0.0])
+                if wf.seconds > 0 and not math.isnan(wf.hits):
+                    family(names.OUT_CACHED_TOKENS_RATE).add_metric(
+                        base + [window], wf.hits / wf.seconds)
+                    family(names.OUT_QUERY_RATE).add_metric(
+                        base + [window], wf.queries / wf.seconds)
+                for q in names.TTFT_QUANTILES:
+                    value = wf.ttft_quantile(q)
+                    if value is not None:
+                        family(names.OUT_TTFT_QUANTILE).add_metric(
+                            base + [window, floatToGoString(q)], value)

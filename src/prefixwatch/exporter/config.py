@@ -1,0 +1,287 @@
+"""Exporter configuration: flags, a YAML file, or an environment variable, in that order.
+
+Everything has a default that works next to a vLLM on localhost with no configuration at all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from prefixwatch.core import causes, names
+from prefixwatch.core.causes import DiagnosisThresholds
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    url: str
+    name: str = ""
+    timeout: float = names.DEFAULT_TIMEOUT_SECONDS
+    bearer_token_file: str | None = None
+    tls_verify: bool = True
+    ca_file: str | None = None
+    max_body_bytes: int = names.DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    targets: tuple[TargetConfig, ...] = (TargetConfig(names.DEFAULT_TARGET),)
+    interval: float = names.DEFAULT_INTERVAL_SECONDS
+    listen_address: str = names.DEFAULT_LISTEN_ADDRESS
+    windows: tuple[str, ...] = names.DEFAULT_WINDOWS
+    otlp_endpoint: str | None = None
+    diagnosis_window: str = causes.DIAGNOSIS_WINDOW
+    cold_start: str = causes.COLD_START
+    thresholds: DiagnosisThresholds = DiagnosisThresholds()
+    requests_log: RequestsLogConfig | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def window_seconds(self) -> dict[str, float]:
+        return {w: parse_duration(w) for w in self.windows}
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return split_host_port(self.listen_address)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"listen address {address!r} is not HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def validate_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"target {url!r} is not an http(s) URL")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"target {url!r}: {exc}") from exc
+    return url
+
+
+def default_target_name(url: str) -> str:
+    """host:port, as Prometheus' instance label."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
+    """Give each target its label: its own name, host:port, or the URL when host:port repeats."""
+    names = [t.name or default_target_name(t.url) for t in targets]
+    named: list[TargetConfig] = []
+    for target, name in zip(targets, names, strict=True):
+        if not target.name and names.count(name) > 1:
+            name = target.url
+        named.append(replace(target, name=name))
+    labels = [t.name for t in named]
+    duplicates = sorted({n for n in labels if labels.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"two targets share the name {duplicates[0]!r}")
+    return tuple(named)
+
+
+_TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
+                "max_body_bytes"}
+_TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
+             "target_defaults", "diagnosis", "requests_log"}
+_DIAGNOSIS_KEYS = {"window", "cold_start"} | set(DiagnosisThresholds.__dataclass_fields__)
+_REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
+
+
+def _diagnosis_from(data: Any, where: str) -> tuple[str | None, str | None, DiagnosisThresholds]:
+    if data is None:
+        return None, None, DiagnosisThresholds()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: diagnosis must be a mapping")
+    unknown = set(data) - _DIAGNOSIS_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown diagnosis key {sorted(unknown)[0]!r}")
+    numbers = {k: v for k, v in data.items() if k not in ("window", "cold_start")}
+    try:
+        th = DiagnosisThresholds(**{k: type(getattr(DiagnosisThresholds(), k))(v)
+                                    for k, v in numbers.items()})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: diagnosis: {exc}") from exc
+    for name in ("hit_ratio", "kv_usage_full", "short_prompt_share", "routing_gap", "ttft_rise",
+                 "ttft_fall"):
+        if not 0 < getattr(th, name) <= 1:
+            raise ConfigError(f"{where}: diagnosis.{name} must be in (0, 1]")
+    if th.min_requests < 1 or th.prompt_variance_ratio <= 1 or th.evict_idle_seconds <= 0:
+        raise ConfigError(f"{where}: diagnosis: min_requests >= 1, prompt_variance_ratio > 1, "
+                          "evict_idle_seconds > 0")
+    window = data.get("window")
+    cold = data.get("cold_start")
+    return (None if window is None else str(window), None if cold is None else str(cold), th)
+
+
+def requests_log_from(data: dict[str, Any], where: str) -> RequestsLogConfig:
+    """The requests_log section (or the flags, given as the same keys)."""
+    unknown = set(data) - _REQUESTS_LOG_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown requests_log key {sorted(unknown)[0]!r}")
+    if not data.get("path"):
+        raise ConfigError(f"{where}: requests_log needs a path")
+    try:
+        cfg = RequestsLogConfig(**data)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if cfg.max_log_len is not None and int(cfg.max_log_len) < 1:
+        raise ConfigError(f"{where}: max_log_len must be at least 1")
+    if int(cfg.max_requests) < 1 or int(cfg.max_blocks) < 1:
+        raise ConfigError(f"{where}: max_requests and max_blocks must be at least 1")
+    if not cfg.follow and not Path(cfg.path).is_file():
+        raise ConfigError(f"requests log {cfg.path!r} does not exist (use --follow to wait "
+                          "for it)")
+    return cfg
+
+
+def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConfig:
+    if isinstance(entry, str):
+        entry = {"url": entry}
+    if not isinstance(entry, dict) or "url" not in entry:
+        raise ConfigError(f"{where}: each target needs a url")
+    unknown = set(entry) - _TARGET_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown target key {sorted(unknown)[0]!r}")
+    merged = {**defaults, **entry}
+    try:
+        target = TargetConfig(
+            url=validate_url(str(merged["url"])),
+            name=str(merged.get("name") or ""),
+            timeout=float(merged.get("timeout", names.DEFAULT_TIMEOUT_SECONDS)),
+            bearer_token_file=merged.get("bearer_token_file"),
+            tls_verify=bool(merged.get("tls_verify", True)),
+            ca_file=merged.get("ca_file"),
+            max_body_bytes=int(merged.get("max_body_bytes", names.DEFAULT_MAX_BODY_BYTES)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if target.timeout <= 0 or target.max_body_bytes <= 0:
+        raise ConfigError(f"{where}: timeout and max_body_bytes must be positive")
+    for path in (target.bearer_token_file, target.ca_file):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{where}: file {path!r} does not exist")
+    return target
+
+
+def load_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"config file {path!r} is not valid YAML{where}: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ConfigError(f"config file {path!r}: unknown key {sorted(unknown)[0]!r}")
+    return data
+
+
+def build_config(
+    *,
+    targets: list[str] | None = None,
+    config_file: str | None = None,
+    interval: float | None = None,
+    listen_address: str | None = None,
+    windows: list[str] | None = None,
+    otlp_endpoint: str | None = None,
+    timeout: float | None = None,
+    bearer_token_file: str | None = None,
+    ca_file: str | None = None,
+    insecure_skip_verify: bool = False,
+    max_body_bytes: int | None = None,
+    diagnosis_window: str | None = None,
+    cold_start: str | None = None,
+    requests_log: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> ExporterConfig:
+    """Flags win over the file, the file over the environment, the environment over defaults."""
+    env = os.environ if environ is None else environ
+    config_file = config_file or env.get(names.ENV_CONFIG) or None
+    data = load_file(config_file) if config_file else {}
+    defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
+    for key, value in (("timeout", timeout), ("bearer_token_file", bearer_token_file),
+                       ("ca_file", ca_file), ("max_body_bytes", max_body_bytes)):
+        if value is not None:
+            defaults[key] = value
+    if insecure_skip_verify:
+        defaults["tls_verify"] = False
+
+    if targets:
+        entries: list[Any] = list(targets)
+        where = "--target"
+    elif data.get("targets"):
+        entries = list(data["targets"])
+        where = f"config file {config_file!r}"
+    elif env.get(names.ENV_TARGETS, "").strip():
+        entries = [u.strip() for u in env[names.ENV_TARGETS].split(",") if u.strip()]
+        where = names.ENV_TARGETS
+    else:
+        entries = [names.DEFAULT_TARGET]
+        where = "default target"
+    target_list = [_target_from(e, defaults, where) for e in entries]
+    file_window, file_cold, thresholds = _diagnosis_from(
+        data.get("diagnosis"), f"config file {config_file!r}")
+    log_data: dict[str, Any] = {}
+    if data.get("requests_log") is not None:
+        if not isinstance(data["requests_log"], dict):
+            raise ConfigError(f"config file {config_file!r}: requests_log must be a mapping")
+        log_data.update(data["requests_log"])
+    log_data.update({k: v for k, v in (requests_log or {}).items() if v is not None})
+    log_cfg = requests_log_from(log_data, "--requests-log") if log_data else None
+
+    try:
+        cfg = ExporterConfig(
+            targets=name_targets(target_list),
+            interval=float(interval if interval is not None
+                           else data.get("interval", names.DEFAULT_INTERVAL_SECONDS)),
+            listen_address=str(listen_address or data.get("listen_address")
+                               or names.DEFAULT_LISTEN_ADDRESS),
+            windows=tuple(windows or data.get("windows") or names.DEFAULT_WINDOWS),
+            otlp_endpoint=otlp_endpoint or data.get("otlp_endpoint"),
+            diagnosis_window=diagnosis_window or file_window or causes.DIAGNOSIS_WINDOW,
+            cold_start=cold_start or file_cold or causes.COLD_START,
+            thresholds=thresholds,
+            requests_log=log_cfg,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    if cfg.interval <= 0:
+        raise ConfigError("interval must be positive")
+    cfg.listen_host_port  # noqa: B018 - validates
+    try:
+        seconds = cfg.window_seconds
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    for name, value in (("diagnosis window", cfg.diagnosis_window),
+                        ("cold start", cfg.cold_start)):
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from exc
+    if names.LIFETIME_WINDOW in seconds:
+        raise ConfigError("'lifetime' is always exported; do not list it as a window")
+    if cfg.otlp_endpoint:
+        validate_url(cfg.otlp_endpoint)
+    return cfg

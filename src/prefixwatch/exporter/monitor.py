@@ -1,0 +1,393 @@
+"""One monitored target: poll, keep history, derive window ratios, remember what went wrong.
+
+A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
+in ``scrape_errors``, and logged once when the state changes (not on every poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from prefixwatch.core import names
+from prefixwatch.core.diagnosis import TargetEvidence
+from prefixwatch.core.version import __version__
+from prefixwatch.core.windows import (
+    Layout,
+    SeriesHistory,
+    histogram_quantile,
+    plan_tiers,
+    ratio,
+    sum_vectors,
+)
+from prefixwatch.exporter.config import TargetConfig
+from prefixwatch.exporter.pagereader import (
+    LabelCache,
+    PageError,
+    SeriesKey,
+    SeriesValues,
+    Snapshot,
+    read_page,
+)
+from prefixwatch.exporter.scrape import Fetcher
+
+log = logging.getLogger("prefixwatch.exporter")
+
+COUNTER_ROLES: tuple[str, ...] = ("queries", "hits", "ext_queries", "ext_hits",
+                                  "prompt_tokens", "prompt_tokens_cached", "preemptions")
+HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len", "kv_idle_evict")
+
+
+@dataclass
+class WindowFigures:
+    """What one window says about one (target, model) or one model's fleet."""
+
+    seconds: float
+    queries: float
+    hits: float
+    ttft_buckets: tuple[tuple[float, ...], list[float]] | None = None
+
+    @property
+    def hit_ratio(self) -> float | None:
+        return ratio(self.hits, self.queries)
+
+    def ttft_quantile(self, q: float) -> float | None:
+        if self.ttft_buckets is None:
+            return None
+        bounds, counts = self.ttft_buckets
+        return histogram_quantile(q, bounds, counts)
+
+
+@dataclass
+class ModelFigures:
+    """Derived figures for one model on one target (summed over its engines)."""
+
+    model: str
+    windows: dict[str, WindowFigures] = field(default_factory=dict)
+    lifetime_queries: float = math.nan
+    lifetime_hits: float = math.nan
+
+
+@dataclass
+class SeriesState:
+    values: SeriesValues
+    history: SeriesHistory | None
+
+
+def layout_for(values: SeriesValues) -> Layout:
+    hists = tuple((role, values.histograms[role].bounds) for role in HISTOGRAM_ROLES
+                  if role in values.histograms)
+    return Layout(COUNTER_ROLES, hists)
+
+
+def raw_vector(values: SeriesValues, layout: Layout) -> list[float]:
+    vec = [values.counters.get(role, math.nan) for role in layout.counters]
+    for role, bounds in layout.histograms:
+        hist = values.histograms.get(role)
+        if hist is None or hist.bounds != bounds:
+            vec.extend([math.nan] * (len(bounds) + 2))
+        else:
+            vec.append(hist.count)
+            vec.append(hist.sum)
+            vec.extend(hist.counts)
+    return vec
+
+
+class TargetMonitor:
+    """State of one target, updated by the poll loop and read by the collector."""
+
+    def __init__(self, target: TargetConfig, windows: dict[str, float], interval: float,
+                 extra_windows: Iterable[float] = ()) -> None:
+        self.target = target
+        self.name = target.name
+        self.windows = windows
+        self.interval = interval
+        extra = list(extra_windows)
+        self._tiers = plan_tiers(list(windows.values()) + extra or [interval], interval)
+        # Gauges over the longest extra window (the diagnosis'): (time, kv usage, waiting).
+        self._gauge_span = max(extra, default=0.0)
+        self._gauges: dict[str, deque[tuple[float, float, float]]] = {}
+        self._last_reset: dict[SeriesKey, float] = {}
+        self._fetcher: Fetcher | None = None
+        self._labels = LabelCache()
+        self.lock = threading.Lock()
+        # Read by the collector (under lock).
+        self.up = False
+        self.polled = False
+        self.reason: str | None = None
+        self.last_error = "not polled yet"
+        self.snapshot: Snapshot | None = None
+        self.scrape_duration = math.nan
+        self.last_success = math.nan
+        self.errors = dict.fromkeys(names.SCRAPE_ERROR_REASONS, 0)
+        self.series: dict[SeriesKey, SeriesState] = {}
+        self.models: dict[str, ModelFigures] = {}
+        self._state: tuple[bool, str | None] | None = None
+        self._schema: str | None = None
+
+    def close(self) -> None:
+        """Release the target's HTTP connections."""
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
+
+    # -- polling -------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Fetch and ingest the page; never raises."""
+        if self._fetcher is None:
+            self._fetcher = Fetcher(self.target, f"prefixwatch/{__version__}")
+        started = time.monotonic()
+        try:
+            text = self._fetcher.fetch()
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+            return
+        except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
+            log.exception("target %s: unexpected error while fetching", self.name)
+            self._fail(PageError("connect", f"unexpected: {exc}"), time.monotonic() - started)
+            return
+        self.ingest(text, time.time(), duration_started=started)
+
+    def ingest(self, text: str, now: float, duration_started: float | None = None) -> None:
+        """Read a page's text as if just polled at ``now``; never raises."""
+        started = duration_started if duration_started is not None else time.monotonic()
+        try:
+            snapshot = read_page(text, self._labels)
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+            return
+        except Exception as exc:  # pragma: no cover - same as above
+            log.exception("target %s: unexpected error while reading the page", self.name)
+            self._fail(PageError("parse", f"unexpected: {exc}"), time.monotonic() - started)
+            return
+        with self.lock:
+            self._accept(snapshot, now)
+            self.scrape_duration = time.monotonic() - started
+            self.last_success = now
+            self.up = True
+            self.polled = True
+            self.reason = None
+            self.last_error = ""
+        self._log_state(True, None, "")
+
+    def _fail(self, exc: PageError, duration: float) -> None:
+        with self.lock:
+            self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
+            self.up = False
+            self.polled = True
+            self.reason = exc.reason
+            self.last_error = exc.detail
+            self.scrape_duration = duration
+            self.models = {}
+        self._log_state(False, exc.reason, exc.detail)
+
+    def _log_state(self, up: bool, reason: str | None, detail: str) -> None:
+        state = (up, reason)
+        if state == self._state:
+            return
+        previous = self._state
+        self._state = state
+        if up:
+            if previous is not None:
+                log.info("target %s is up again", self.name)
+            else:
+                log.info("target %s is up (%s)", self.name, self.snapshot.schema.schema
+                         if self.snapshot else "?")
+        else:
+            log.warning("target %s is down: %s: %s", self.name, reason, detail)
+
+    # -- history and derivation -----------------------------------------------------------------
+
+    def _accept(self, snapshot: Snapshot, now: float) -> None:
+        schema = snapshot.schema
+        if schema.schema != self._schema:
+            if self._schema is not None:
+                log.warning("target %s changed metric schema: %s -> %s; history restarted",
+                            self.name, self._schema, schema.schema)
+                self.series = {}
+            if not schema.windows_supported:
+                log.warning("target %s: %s", self.name, schema.note)
+            self._schema = schema.schema
+        fresh: dict[SeriesKey, SeriesState] = {}
+        for key, values in snapshot.series.items():
+            old = self.series.get(key)
+            history = old.history if old else None
+            if schema.windows_supported:
+                layout = layout_for(values)
+                if history is None or history.layout != layout:
+                    history = SeriesHistory(layout, self._tiers, self.interval)
+                created = values.created.get("queries")
+                if history.add(now, raw_vector(values, layout), created):
+                    self._last_reset[key] = now
+                    log.info("target %s: counters of %s/engine %s reset (server restart)",
+                             self.name, key[0], key[1])
+            fresh[key] = SeriesState(values, history)
+        self.series = fresh
+        self.snapshot = snapshot
+        self.models = self._derive(now)
+        if self._gauge_span:
+            self._record_gauges(now)
+
+    def _record_gauges(self, now: float) -> None:
+        by_model: dict[str, list[SeriesValues]] = {}
+        for (model, _engine), state in self.series.items():
+            by_model.setdefault(model, []).append(state.values)
+        for model, values in by_model.items():
+            usage = [v.gauges["kv_usage"] for v in values if "kv_usage" in v.gauges]
+            waiting = [v.gauges["waiting"] for v in values if "waiting" in v.gauges]
+            ring = self._gauges.setdefault(model, deque())
+            ring.append((now, max(usage) if usage else math.nan,
+                         sum(waiting) if waiting else math.nan))
+            while ring and ring[0][0] < now - self._gauge_span - self.interval:
+                ring.popleft()
+        for model in set(self._gauges) - set(by_model):
+            del self._gauges[model]
+
+    def _derive(self, now: float) -> dict[str, ModelFigures]:
+        by_model: dict[str, list[SeriesState]] = {}
+        for (model, _engine), state in self.series.items():
+            by_model.setdefault(model, []).append(state)
+        out: dict[str, ModelFigures] = {}
+        for model, states in by_model.items():
+            figures = ModelFigures(model)
+            queries = [s.values.counters.get("queries") for s in states]
+            hits = [s.values.counters.get("hits") for s in states]
+            if all(q is not None for q in queries) and all(h is not None for h in hits):
+                figures.lifetime_queries = sum(q for q in queries if q is not None)
+                figures.lifetime_hits = sum(h for h in hits if h is not None)
+            for window, seconds in self.windows.items():
+                wf = window_figures(states, now, seconds)
+                if wf is not None:
+                    figures.windows[window] = wf
+            out[model] = figures
+        return out
+
+
+def window_figures(states: list[SeriesState], now: float, seconds: float) -> WindowFigures | None:
+    """Sum the deltas of a model's engines over one window, before any division."""
+    summed = summed_delta(states, now, seconds)
+    if summed is None:
+        return None
+    layout, covered, total = summed
+    ttft = _hist_delta(layout, total, "ttft")
+    return WindowFigures(covered, total[layout.offset_of("queries")],
+                         total[layout.offset_of("hits")], ttft[:2] if ttft else None)
+
+
+def _hist_delta(layout: Layout, delta: Sequence[float], role: str
+                ) -> tuple[tuple[float, ...], list[float], float] | None:
+    """(bounds, cumulative counts, sum) of one histogram role inside a delta vector; None when
+    the role is absent or any of its buckets is unknown."""
+    spot = layout.histogram_slice(role)
+    if spot is None:
+        return None
+    offset, bounds = spot
+    counts = list(delta[offset + 2: offset + 2 + len(bounds)])
+    if any(math.isnan(c) for c in counts):
+        return None
+    return bounds, counts, delta[offset + 1]
+
+
+def summed_delta(states: list[SeriesState], now: float, window: float, older: float = 0.0
+                 ) -> tuple[Layout, float, Sequence[float]] | None:
+    """(layout, seconds covered, delta vector) of a model's engines summed over
+    (now - window - older, now - older]; engines with other buckets are not summed."""
+    deltas: list[Sequence[float]] = []
+    layout: Layout | None = None
+    covered = 0.0
+    for state in states:
+        if state.history is None:
+            continue
+        if layout is not None and state.history.layout != layout:
+            continue
+        recent = state.history.delta(now, window + older)
+        if recent is None:
+            continue
+        seconds, vec = recent
+        if older:
+            newer = state.history.delta(now, older)
+            if newer is None or seconds <= newer[0] + 1e-9:
+                continue  # the history does not reach back past the newer window
+            seconds -= newer[0]
+            vec = array("d", (a - b for a, b in zip(vec, newer[1], strict=True)))
+        layout = state.history.layout
+        covered = max(covered, seconds)
+        deltas.append(vec)
+    total = sum_vectors(deltas)
+    if total is None or layout is None:
+        return None
+    return layout, covered, total
+
+
+def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
+    """What the diagnosis needs of each model on one target (call with ``mon.lock`` held)."""
+    by_model: dict[str, list[SeriesState]] = {}
+    for (model, _engine), state in mon.series.items():
+        by_model.setdefault(model, []).append(state)
+    out: dict[str, TargetEvidence] = {}
+    for model, states in by_model.items():
+        ev = TargetEvidence()
+        enabled = [s.values.caching_enabled for s in states if s.values.caching_enabled is not None]
+        ev.caching_enabled = all(enabled) if enabled else None
+        sizes = {s.values.block_size for s in states if s.values.block_size}
+        ev.block_size = sizes.pop() if len(sizes) == 1 else None
+        # The engine's own start time (the counters' _created) where it says it; else the
+        # time the exporter saw its counters reset.
+        starts = []
+        for key, state in mon.series.items():
+            if key[0] != model:
+                continue
+            created = state.values.created.get("queries")
+            start = created if created is not None else mon._last_reset.get(key)
+            if start is not None:
+                starts.append(start)
+        last_start = max(starts, default=None)
+        if last_start is not None:
+            ev.seconds_since_start = now - last_start
+        current = summed_delta(states, now, window)
+        if current is not None:
+            layout, _, vec = current
+            ev.queries = vec[layout.offset_of("queries")]
+            ev.hits = vec[layout.offset_of("hits")]
+            pre = vec[layout.offset_of("preemptions")]
+            ev.preemptions = None if math.isnan(pre) else pre
+            prompt = _hist_delta(layout, vec, "prompt_len")
+            if prompt is not None:
+                ev.prompt_len = (prompt[0], prompt[1])
+            ttft = _hist_delta(layout, vec, "ttft")
+            if ttft is not None:
+                ev.ttft_requests = ttft[1][-1]
+                ev.ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+            idle = _hist_delta(layout, vec, "kv_idle_evict")
+            if idle is not None:
+                ev.evicted_blocks = idle[1][-1]
+                ev.evict_idle_median = histogram_quantile(0.5, idle[0], idle[1])
+        previous = summed_delta(states, now, window, older=window)
+        if previous is not None:
+            layout, _, vec = previous
+            ev.prev_queries = vec[layout.offset_of("queries")]
+            ev.prev_hits = vec[layout.offset_of("hits")]
+            ttft = _hist_delta(layout, vec, "ttft")
+            if ttft is not None:
+                ev.prev_ttft_requests = ttft[1][-1]
+                ev.prev_ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+        ring = [g for g in mon._gauges.get(model, ()) if g[0] >= now - window - 1e-9]
+        usage = [u for _, u, _ in ring if not math.isnan(u)]
+        waiting = [w for _, _, w in ring if not math.isnan(w)]
+        if usage:
+            ev.kv_peak = max(usage)
+        if waiting:
+            ev.waiting_first, ev.waiting_last = waiting[0], waiting[-1]
+            ev.waiting_mean = sum(waiting) / len(waiting)
+        for attr in ("queries", "hits", "prev_queries", "prev_hits"):
+            if math.isnan(getattr(ev, attr)):
+                setattr(ev, attr, 0.0)
+        out[model] = ev
+    return out

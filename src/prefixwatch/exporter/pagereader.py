@@ -1,0 +1,294 @@
+"""Read an engine's /metrics page into the few numbers prefixwatch needs.
+
+A vLLM page holds about 90 families; prefixwatch reads about a dozen. Parsing the whole page
+with client_python costs ~9 ms, so the page is first cut down to the lines of the wanted
+families (a cheap string scan), and only those lines go through client_python's parser. The
+parser itself is never re-implemented here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from prefixwatch.core import names, schemas
+from prefixwatch.core.schemas import SourceSchema
+
+SeriesKey = tuple[str, str]  # (model_name, engine)
+
+
+class PageError(Exception):
+    """The page cannot be trusted; ``reason`` is one of names.SCRAPE_ERROR_REASONS."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A cumulative histogram as the page shows it; bounds end with +Inf."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    sum: float
+    count: float
+
+
+@dataclass
+class SeriesValues:
+    """What one (model, engine) series of a target reports, by role (see SourceSchema)."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    created: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    cache_info: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def block_size(self) -> int | None:
+        try:
+            return int(self.cache_info[schemas.CACHE_INFO_BLOCK_SIZE])
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def caching_enabled(self) -> bool | None:
+        value = self.cache_info.get(schemas.CACHE_INFO_ENABLED)
+        if value is None:
+            return None
+        return value.strip().lower() in ("true", "1")
+
+
+@dataclass
+class Snapshot:
+    """One successful read of a target's page."""
+
+    schema: SourceSchema
+    series: dict[SeriesKey, SeriesValues]
+
+
+def detect_schema(text: str) -> SourceSchema | None:
+    """The first schema whose identifying sample starts a line of the page."""
+    for schema in schemas.SCHEMAS:
+        name = schema.detect
+        for sep in ("{", " "):
+            probe = name + sep
+            if text.startswith(probe) or ("\n" + probe) in text:
+                return schema
+    return None
+
+
+def select_samples(text: str, sample_names: frozenset[str]) -> list[tuple[str, str, str]]:
+    """The (name, label block, rest of line) of each wanted sample line; comments dropped."""
+    kept: list[tuple[str, str, str]] = []
+    append = kept.append
+    for line in text.split("\n"):
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace < 0:
+            space = line.find(" ")
+            if line[:space] in sample_names:
+                append((line[:space], "", line[space:]))
+            continue
+        name = line[:brace]
+        if name in sample_names:
+            close = line.rfind("}")
+            if close < brace:
+                raise PageError("parse", f"unterminated label set: {line[:120]!r}")
+            append((name, line[brace:close + 1], line[close + 1:]))
+    return kept
+
+
+class LabelCache:
+    """Label blocks parsed by client_python, memoised: a target's label blocks repeat on
+    every poll, so after the first poll a sample costs a dict look-up and a float()."""
+
+    def __init__(self, max_entries: int = 20000) -> None:
+        self._parsed: dict[str, dict[str, str]] = {}
+        self._max = max_entries
+
+    def parse(self, block: str) -> dict[str, str]:
+        labels = self._parsed.get(block)
+        if labels is None:
+            if not block:
+                return {}
+            try:
+                families = list(text_string_to_metric_families(f"m{block} 0\n"))
+                labels = dict(families[0].samples[0].labels)
+            except Exception as exc:
+                raise PageError("parse", f"malformed labels {block[:120]!r}: {exc}") from exc
+            if len(self._parsed) >= self._max:
+                self._parsed.clear()
+            self._parsed[block] = labels
+        return labels
+
+
+_SHARED_LABELS = LabelCache()
+
+
+def _parse_value(name: str, rest: str) -> float:
+    fields = rest.split()
+    if not fields or len(fields) > 2:
+        raise PageError("parse", f"malformed sample line for {name}: {rest[:80]!r}")
+    try:
+        return float(fields[0])
+    except ValueError as exc:
+        raise PageError("parse", f"{name}: {fields[0][:40]!r} is not a number") from exc
+
+
+def _family_names(sample_names: frozenset[str]) -> frozenset[str]:
+    names = set(sample_names)
+    for n in sample_names:
+        for suffix in ("_bucket", "_sum", "_count"):
+            if n.endswith(suffix):
+                names.add(n.removesuffix(suffix))
+    return frozenset(names)
+
+
+_WANTED: dict[str, frozenset[str]] = {
+    s.schema: _family_names(s.sample_names()) for s in schemas.SCHEMAS
+}
+
+
+def read_page(text: str, labels: LabelCache | None = None) -> Snapshot:
+    """Parse a /metrics body into a Snapshot, or raise PageError with a reason.
+
+    ``labels`` lets each target keep its own memo of label blocks.
+    """
+    if not text.strip():
+        raise PageError("not_metrics", "empty page")
+    head = text.lstrip()[:200].lower()
+    if head.startswith(("<!doctype", "<html", "<?xml", "{")):
+        raise PageError("not_metrics", "an HTML, XML or JSON document, not a metrics page")
+    if not text.endswith("\n"):
+        raise PageError("parse", "page does not end with a newline (truncated?)")
+    schema = detect_schema(text)
+    if schema is None:
+        raise PageError("not_metrics", "no vLLM or SGLang prefix-cache metrics on the page")
+    cache = labels if labels is not None else _SHARED_LABELS
+    samples = [
+        (name, cache.parse(block), _parse_value(name, rest))
+        for name, block, rest in select_samples(text, _WANTED[schema.schema])
+    ]
+    return _normalize(schema, samples)
+
+
+def _series_key(schema: SourceSchema, labels: dict[str, str]) -> SeriesKey | None:
+    for rank in schema.rank_labels:
+        if labels.get(rank, "0") != "0":
+            return None  # the same counter, repeated by another rank
+    engine = "0"
+    for name in schema.engine_labels:
+        if name in labels:
+            engine = labels[name]
+            break
+    return labels.get(names.L_MODEL, ""), engine
+
+
+def _role_tables(schema: SourceSchema) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str]]:
+    """Sample name -> roles it plays, and histogram sample name -> role, for one schema."""
+    # One sample may play several roles (SGLang's prompt tokens are also its cache queries).
+    roles_by_sample: dict[str, list[tuple[str, str]]] = {}
+    for role, name in schema.counter_roles().items():
+        roles_by_sample.setdefault(name, []).append(("counter", role))
+        created = name.removesuffix("_total") + "_created"
+        roles_by_sample.setdefault(created, []).append(("created", role))
+    for role, name in schema.gauge_roles().items():
+        roles_by_sample.setdefault(name, []).append(("gauge", role))
+    hist_roles: dict[str, str] = {}
+    for role, name in schema.histogram_roles().items():
+        for suffix in ("_bucket", "_sum", "_count"):
+            hist_roles[name + suffix] = role
+    return roles_by_sample, hist_roles
+
+
+_ROLES = {s.schema: _role_tables(s) for s in schemas.SCHEMAS}
+
+
+def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]]) -> Snapshot:
+    roles_by_sample, hist_roles = _ROLES[schema.schema]
+    series: dict[SeriesKey, SeriesValues] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    buckets: dict[tuple[SeriesKey, str], dict[float, float]] = {}
+    hist_sum: dict[tuple[SeriesKey, str], float] = {}
+    hist_count: dict[tuple[SeriesKey, str], float] = {}
+    realtime: dict[SeriesKey, dict[str, float]] = {}
+    cache_info: dict[str, dict[str, str]] = {}
+
+    for name, labels, value in samples:
+        ident = (name, tuple(sorted(labels.items())))
+        if ident in seen:
+            raise PageError("parse", f"duplicate series {name}{labels}")
+        seen.add(ident)
+        key = _series_key(schema, labels)
+        if key is None:
+            continue
+        if name == schema.cache_config_info:
+            # vLLM labels it with the engine index but not the model name.
+            cache_info[key[1]] = dict(labels)
+            continue
+        if name == schema.realtime_tokens:
+            _check_counter(name, value)
+            mode = labels.get(schemas.SGLANG_MODE_LABEL, "")
+            realtime.setdefault(key, {})[mode] = value
+            continue
+        roles = roles_by_sample.get(name)
+        if roles is not None:
+            values = series.setdefault(key, SeriesValues())
+            for kind, role_name in roles:
+                if kind == "counter":
+                    _check_counter(name, value)
+                    values.counters[role_name] = values.counters.get(role_name, 0.0) + value
+                elif kind == "created":
+                    values.created[role_name] = value
+                elif not math.isnan(value):
+                    values.gauges[role_name] = value
+            continue
+        hrole = hist_roles.get(name)
+        if hrole is None:
+            continue
+        _check_counter(name, value)
+        hkey = (key, hrole)
+        series.setdefault(key, SeriesValues())
+        if name.endswith("_bucket"):
+            try:
+                bound = float(labels["le"])
+            except (KeyError, ValueError) as exc:
+                raise PageError("parse", f"bucket without a valid le: {name}") from exc
+            bucket = buckets.setdefault(hkey, {})
+            bucket[bound] = bucket.get(bound, 0.0) + value
+        elif name.endswith("_sum"):
+            hist_sum[hkey] = hist_sum.get(hkey, 0.0) + value
+        else:
+            hist_count[hkey] = hist_count.get(hkey, 0.0) + value
+
+    for (key, hrole), bucket in buckets.items():
+        bounds = tuple(sorted(bucket))
+        if not bounds or not math.isinf(bounds[-1]):
+            raise PageError("parse", f"histogram {hrole} has no +Inf bucket")
+        counts = tuple(bucket[b] for b in bounds)
+        count = hist_count.get((key, hrole), counts[-1])
+        series[key].histograms[hrole] = Histogram(
+            bounds, counts, hist_sum.get((key, hrole), 0.0), count)
+
+    for key, modes in realtime.items():
+        values = series.setdefault(key, SeriesValues())
+        cached = modes.get(schemas.SGLANG_MODE_CACHED)
+        computed = modes.get(schemas.SGLANG_MODE_COMPUTED)
+        if cached is not None and computed is not None and "hits" not in values.counters:
+            values.counters["hits"] = cached
+            values.counters["queries"] = cached + computed
+
+    for (_model, engine), values in series.items():
+        values.cache_info = cache_info.get(engine, {})
+    return Snapshot(schema, series)
+
+
+def _check_counter(name: str, value: float) -> None:
+    if math.isnan(value) or value < 0:
+        raise PageError("invalid_value", f"{name} is {value}: a counter must be a number >= 0")

@@ -1,0 +1,117 @@
+"""`prefixwatch status`: the hit ratio right now, for a person at a terminal without Prometheus."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from prefixwatch.core import causes
+from prefixwatch.core.diagnosis import diagnose
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.exporter.config import ExporterConfig
+from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+
+
+@dataclass
+class StatusRow:
+    target: str
+    model: str
+    server: str
+    schema: str
+    gap_ratio: float | None
+    lifetime_ratio: float | None
+    queries_per_s: float | None
+    ttft_p50: float | None
+    ttft_p95: float | None
+    kv_usage: float | None
+    block_size: int | None
+    caching_enabled: bool | None
+    error: str = ""
+    causes: tuple[str, ...] = ()
+
+
+def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
+    """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap."""
+    windows = {"gap": gap}
+    monitors = [TargetMonitor(t, windows, gap, extra_windows=(gap,)) for t in config.targets]
+    for mon in monitors:
+        mon.poll()
+    time.sleep(gap)
+    for mon in monitors:
+        mon.poll()
+        mon.close()
+    now = time.time()
+    evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
+    found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start))
+    rows: list[StatusRow] = []
+    for mon in monitors:
+        if not mon.up or mon.snapshot is None:
+            rows.append(StatusRow(mon.name, "-", "-", "-", None, None, None, None, None, None,
+                                  None, None, error=f"{mon.reason}: {mon.last_error}"))
+            continue
+        schema = mon.snapshot.schema
+        for model, figures in sorted(mon.models.items()):
+            states = [s for (m, _e), s in mon.series.items() if m == model]
+            wf = figures.windows.get("gap")
+            kv = [s.values.gauges["kv_usage"] for s in states if "kv_usage" in s.values.gauges]
+            blocks = [s.values.block_size for s in states if s.values.block_size]
+            enabled = [s.values.caching_enabled for s in states
+                       if s.values.caching_enabled is not None]
+            lifetime = None
+            if figures.lifetime_queries > 0:
+                lifetime = figures.lifetime_hits / figures.lifetime_queries
+            if lifetime is None and not schema.windows_supported:
+                reported = [s.values.gauges.get("engine_reported_hit_ratio") for s in states]
+                lifetime = next((r for r in reported if r is not None), None)
+            rows.append(StatusRow(
+                target=mon.name, model=model, server=schema.server, schema=schema.schema,
+                gap_ratio=wf.hit_ratio if wf else None,
+                lifetime_ratio=lifetime,
+                queries_per_s=(wf.queries / wf.seconds) if wf and wf.seconds > 0 else None,
+                ttft_p50=wf.ttft_quantile(0.5) if wf else None,
+                ttft_p95=wf.ttft_quantile(0.95) if wf else None,
+                kv_usage=max(kv) if kv else None,
+                block_size=blocks[0] if blocks else None,
+                caching_enabled=all(enabled) if enabled else None,
+                causes=tuple(found.active(mon.name, model)),
+            ))
+    return rows
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.1%}"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None or math.isnan(value) else format(value, fmt)
+
+
+def render(rows: list[StatusRow], gap: float) -> str:
+    headers = ("TARGET", "MODEL", "ENGINE", f"HIT({gap:g}s)", "HIT(life)", "QTOK/S",
+               "TTFT p50", "TTFT p95", "KV USE", "BLOCK", "NOTE")
+    table = [headers]
+    for r in rows:
+        note = r.error
+        if not note and r.caching_enabled is False:
+            note = "prefix caching is OFF"
+        elif not note and r.gap_ratio is None:
+            note = "no traffic in the gap" if r.schema != "vllm_v0" else "V0: lifetime only"
+        table.append((
+            r.target, r.model, r.schema, _pct(r.gap_ratio), _pct(r.lifetime_ratio),
+            _num(r.queries_per_s, ".0f"),
+            _num(r.ttft_p50, ".3f") + ("s" if r.ttft_p50 is not None else ""),
+            _num(r.ttft_p95, ".3f") + ("s" if r.ttft_p95 is not None else ""),
+            _pct(r.kv_usage), _num(r.block_size, "d") if r.block_size else "-", note))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in table]
+    summaries = {c.name: c.summary for c in causes.CAUSES}
+    diagnosed = [r for r in rows if not r.error]
+    if diagnosed:
+        lines += ["", f"Diagnosis over the {gap:g}s gap (rules: docs/runbooks.md#diagnosis; "
+                      "prefix_divergence and routing_spread need the exporter's --requests-log):"]
+        for r in diagnosed:
+            named = "; ".join(f"{c}: {summaries[c]}" for c in r.causes) or "none diagnosed"
+            lines.append(f"  {r.target} {r.model}: {named}")
+    return "\n".join(lines)

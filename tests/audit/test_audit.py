@@ -1,0 +1,245 @@
+"""The prompt audit: known answers, a brute-force reference, and agreement with the simulator."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixwatch.audit.analysis import Auditor, diff
+from prefixwatch.core.whatvaries import guess_kind
+from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.scenarios import SCENARIOS, Corpus
+from prefixwatch.simulator.server import Replica, ReplicaServer
+from tests.core.test_blockcache import reference_cached
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefixwatch.cli", "audit", *args],
+                          capture_output=True, text=True, input=stdin, timeout=120)
+
+
+def tokens(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 50000) for _ in range(n)]
+
+
+@pytest.mark.parametrize("position,reusable", [(8, 0), (2390, 149), (2405, 150)])
+def test_known_answers_for_two_requests(position: int, reusable: int, tmp_path: Path) -> None:
+    """A 2,400-token system part and a short user turn (2,410 tokens in all): a timestamp at
+    token 8, at token 2,390, or in the user message."""
+    base = tokens(2410)
+    changed = list(base)
+    changed[position] += 1
+    result = diff(base, changed, 16)
+    assert result["first_divergent_token"] == position
+    assert (result["reusable_blocks"], result["blocks"]) == (reusable, 150)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"prompt_token_ids": base}))
+    b.write_text(json.dumps({"prompt_token_ids": changed}))
+    out = run("diff", str(a), str(b))
+    assert out.returncode == 0, out.stderr
+    assert f"first divergent token: {position}" in out.stdout
+    assert f"reusable blocks: {reusable} of 150" in out.stdout
+
+
+def test_log_known_answers() -> None:
+    auditor = Auditor(16)
+    system = tokens(2400, 1)
+    first = auditor.add(system + tokens(40, 2))
+    assert first.cacheable_tokens == 0 and first.divergence is None
+    second = auditor.add(system + tokens(40, 3))
+    assert second.cacheable_tokens == 2400
+    assert second.divergence is not None and second.divergence.position == 2400
+    stamped = list(system)
+    stamped[8] = 7
+    third = auditor.add(stamped + tokens(40, 4))
+    assert third.cacheable_tokens == 0 and third.divergence.position == 8
+    assert auditor.report.positions[8] == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), bs=st.sampled_from([1, 2, 4, 16]))
+def test_cacheable_tokens_equal_the_brute_force_reference(data, bs: int) -> None:
+    auditor = Auditor(bs)
+    base = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=40))
+    history: list[tuple[list[int], object]] = []
+    for _ in range(data.draw(st.integers(1, 12))):
+        cut = data.draw(st.integers(0, len(base)))
+        prompt = base[:cut] + data.draw(st.lists(st.integers(1, 3), max_size=20)) or [1]
+        extra = data.draw(st.sampled_from([None, ("lora", None), (None, "salt")]))
+        result = auditor.add(prompt, extra)
+        assert result.cacheable_tokens == reference_cached(history, prompt, extra, bs)
+        same = [p for p, e in history if e == extra]
+        if result.divergence is not None:
+            # The position is the longest common prefix with some earlier request.
+            lcps = []
+            for p in same:
+                k = 0
+                while k < min(len(p), len(prompt)) and p[k] == prompt[k]:
+                    k += 1
+                lcps.append(k)
+            assert result.divergence.position == max(lcps)
+        history.append((prompt, extra))
+
+
+def test_lru_replay_matches_the_simulator_engine() -> None:
+    """--kv-blocks replays through the same pool the simulator runs."""
+    from prefixwatch.simulator.engine import Engine, VirtualClock
+
+    prompts = [tokens(64, i % 5) + tokens(30, 100 + i) for i in range(40)]
+    auditor = Auditor(16, kv_blocks=14)
+    engine = Engine(EngineConfig(num_blocks=14, time_per_output_token=0.001),
+                    clock=VirtualClock())
+    for p in prompts:
+        simulated = auditor.add(p).simulated_cached_tokens
+        req = engine.submit(p, 1)
+        engine.run_until_idle()
+        assert simulated == req.cached_tokens
+    assert auditor.report.simulated_hit_rate < auditor.report.achievable_hit_rate
+
+
+@pytest.mark.parametrize("mine,theirs,kind", [
+    ("2026-11-30 06:11:52", "2026-11-30 06:11:57", "date/time"),
+    ("id 3f2b9c1e-77aa-4c1b", "id 9a0c2d44-1e0b-4f3a", "id"),
+    ('{"name": "f", "parameters"', '{"parameters": {}, "name"', "key order"),
+    ("order 12345 is late", "order 99812 is late", "number"),
+    ("Dear Alice Martin,", "Dear Bob Chen,", "name"),
+    ("Document 3: returns policy", "You are the assistant", "text"),
+])
+def test_kind_guesses(mine: str, theirs: str, kind: str) -> None:
+    assert guess_kind(mine, theirs) == kind
+
+
+def write_log(path: Path, scenario: str, n: int, seed: int = 1) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    sc, corpus, rng = SCENARIOS[scenario], Corpus.build(), random.Random(seed)
+    start = datetime(2026, 11, 30, tzinfo=UTC)
+    with path.open("w") as fh:
+        for i in range(n):
+            fh.write(json.dumps(sc.make(rng, corpus, start + timedelta(seconds=i)).body) + "\n")
+
+
+def test_report_names_the_timestamp_and_its_fix(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    write_log(log, "timestamp-at-top", 30)
+    with log.open("a") as fh:
+        fh.write("{not json\n")
+        fh.write('{"no": "prompt"}\n')
+    out = run(str(log), "--tokenizer", "builtin", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["requests"] == 30 and report["skipped_lines"] == 2
+    assert report["achievable_hit_rate"] < 0.05
+    top = report["divergence"][0]
+    assert top["kind"] == "date/time" and top["count"] >= 20 and "2026-11-30" in top["context"]
+    assert "requests.jsonl:31" in out.stderr and "not JSON" in out.stderr
+    redacted = json.loads(run(str(log), "--tokenizer", "builtin", "--format", "json",
+                              "--redact").stdout)
+    assert redacted["divergence"][0]["context"] == "[redacted]"
+    failing = run(str(log), "--tokenizer", "builtin", "--fail-under", "0.5")
+    assert failing.returncode == 1
+    assert "achievable hit rate" in failing.stdout and "date/time" in failing.stdout
+    healthy = tmp_path / "healthy.jsonl"
+    write_log(healthy, "static-system-prompt", 30)
+    ok = run(str(healthy), "--tokenizer", "builtin", "--fail-under", "0.5", "--kv-blocks",
+             "4000", "--format", "json")
+    assert ok.returncode == 0
+    assert json.loads(ok.stdout)["achievable_hit_rate"] > 0.8
+    assert json.loads(ok.stdout)["simulated_hit_rate"] > 0.8
+
+
+def test_bad_setup_exits_2(tmp_path: Path) -> None:
+    log = tmp_path / "r.jsonl"
+    log.write_text('{"prompt": "hello"}\n')
+    assert run(str(log), "--server", "http://127.0.0.1:9").returncode == 2
+    assert run(str(log), "--tokenizer", str(tmp_path / "nope")).returncode == 2
+    assert run(str(tmp_path / "missing.jsonl")).returncode == 2
+    assert run("diff", str(log)).returncode == 2
+    text_only = run(str(log), "--format", "json")
+    assert text_only.returncode == 0 and json.loads(text_only.stdout)["skipped_lines"] == 1
+    assert "--server" in text_only.stderr
+
+
+def test_stdin_and_pretokenized_lora_salt() -> None:
+    lines = [json.dumps({"prompt_token_ids": tokens(100)}),
+             json.dumps({"prompt_token_ids": tokens(100), "lora": "a"}),
+             json.dumps({"prompt_token_ids": tokens(100), "cache_salt": "t1"}),
+             json.dumps({"prompt_token_ids": tokens(100)})]
+    out = run("-", "--format", "json", stdin="\n".join(lines) + "\n")
+    report = json.loads(out.stdout)
+    assert report["requests"] == 4 and report["cacheable_tokens"] == 96
+
+
+@pytest.mark.integration
+def test_server_tokenize_and_audit_agree_with_the_simulators_counters(tmp_path: Path) -> None:
+    """The simulator's /tokenize and the audit predict exactly the hits its own counters
+    record, on the same log, sent one request after another."""
+    import requests
+
+    log = tmp_path / "requests.jsonl"
+    write_log(log, "random-few-shots", 25, seed=3)
+    replica = Replica(EngineConfig(time_per_output_token=0.0005, max_model_len=8192))
+    srv = ReplicaServer(replica, "127.0.0.1", 0)
+    srv.start()
+    try:
+        url = f"http://127.0.0.1:{srv.port}"
+        for line in log.read_text().splitlines():
+            body = {**json.loads(line), "max_tokens": 1}
+            assert requests.post(url + "/v1/chat/completions", json=body, timeout=30).ok
+        out = run(str(log), "--server", url, "--format", "json", "--kv-blocks",
+                  str(replica.config.num_blocks))
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        stats = replica.engine.stats
+        assert report["prompt_tokens"] == stats.prefix_queries
+        assert report["cacheable_tokens"] == stats.prefix_hits
+        assert report["block_size"] == 16
+    finally:
+        srv.stop()
+
+
+def hf_tokenizer_dir(path: Path) -> Path:
+    """A tiny Hugging Face tokenizer with a chat template, built offline."""
+    tokenizers = pytest.importorskip("tokenizers", reason="pip install 'prefixwatch[hf]'")
+    transformers = pytest.importorskip("transformers", reason="pip install 'prefixwatch[hf]'")
+    words = ("<s> [UNK] system user assistant : you are a helpful support bot answer in plain "
+             "words current date and time is 2026-11-30 06:11:52 06:11:57 06:12:03 hello "
+             "please help me with my order refund shipping").split()
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
+    core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]",
+                                                bos_token="<s>")
+    fast.chat_template = ("<s> {% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+                          "{% endfor %}{% if add_generation_prompt %}assistant : {% endif %}")
+    fast.save_pretrained(str(path))
+    return path
+
+
+def test_local_hugging_face_tokenizer(tmp_path: Path) -> None:
+    directory = hf_tokenizer_dir(tmp_path / "tok")
+    system = "you are a helpful support bot answer in plain words " * 4
+    log = tmp_path / "r.jsonl"
+    stamps = ("06:11:52", "06:11:57", "06:12:03")
+    with log.open("w") as fh:
+        for stamp in stamps:
+            messages = [{"role": "system",
+                         "content": f"current date and time is 2026-11-30 {stamp} {system}"},
+                        {"role": "user", "content": "hello please help me with my order"}]
+            fh.write(json.dumps({"messages": messages}) + "\n")
+    out = run(str(log), "--tokenizer", str(directory), "--format", "json", "--block-size", "4")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["skipped_lines"] == 0, out.stderr
+    assert report["requests"] == 3 and report["cacheable_tokens"] == 2 * 8
+    top = report["divergence"][0]
+    # <s> system : current date and time is 2026-11-30 | 06:11:xx: token 9 differs.
+    assert top["position"] == 9 and top["count"] == 2 and top["kind"] == "date/time"

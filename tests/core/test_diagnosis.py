@@ -1,0 +1,193 @@
+"""The diagnosis rules, one by one, on figures built by hand and on pages read by a monitor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
+from prefixwatch.core.diagnosis import (
+    RequestEvidence,
+    TargetEvidence,
+    diagnose,
+    fraction_at_or_below,
+)
+from prefixwatch.exporter.config import TargetConfig
+from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+
+TH = DiagnosisThresholds()
+PROMPT_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
+                 10000.0, 20000.0, math.inf)
+
+
+def healthy(**changes) -> TargetEvidence:
+    ev = TargetEvidence(queries=100_000, hits=88_000, prev_queries=100_000, prev_hits=87_000,
+                        caching_enabled=True, block_size=16, kv_peak=0.3, preemptions=0,
+                        waiting_first=0, waiting_last=0, waiting_mean=0,
+                        prompt_len=(PROMPT_BOUNDS, [0] * 10 + [100] * 5),
+                        ttft_p50=0.05, prev_ttft_p50=0.05, ttft_requests=100,
+                        prev_ttft_requests=100, seconds_since_start=86_400)
+    for key, value in changes.items():
+        setattr(ev, key, value)
+    return ev
+
+
+def active(evidence, requests=None, cold=600.0) -> dict[str, list[str]]:
+    result = diagnose(evidence, requests or {}, TH, cold)
+    return {t: result.active(t, m) for (t, m) in result.causes}
+
+
+def one(ev: TargetEvidence, req: RequestEvidence | None = None) -> list[str]:
+    return active({"a": {"m": ev}}, {"m": req} if req else {})["a"]
+
+
+def test_healthy_has_no_cause_and_every_cause_is_present() -> None:
+    result = diagnose({"a": {"m": healthy()}}, {}, TH, 600)
+    assert set(result.causes[("a", "m")]) == set(CAUSE_NAMES)
+    assert result.active("a", "m") == []
+
+
+def test_caching_disabled() -> None:
+    assert one(healthy(caching_enabled=False, hits=0)) == ["caching_disabled"]
+    assert one(healthy(caching_enabled=None)) == []  # SGLang: not known, not assumed
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"kv_peak": 0.97, "preemptions": 3}, ["eviction_pressure"]),
+    ({"kv_peak": 0.97, "waiting_first": 2, "waiting_last": 9, "waiting_mean": 5},
+     ["eviction_pressure"]),
+    ({"kv_peak": 0.97, "waiting_first": 9, "waiting_last": 0, "waiting_mean": 3}, []),  # drained
+    ({"kv_peak": 0.97, "evicted_blocks": 40, "evict_idle_median": 4.0}, ["eviction_pressure"]),
+    ({"kv_peak": 0.97, "evicted_blocks": 40, "evict_idle_median": 900.0}, []),
+    ({"kv_peak": 0.5, "preemptions": 3}, []),  # preempted for other reasons: pool not full
+])
+def test_eviction_pressure(changes, expected) -> None:
+    assert one(healthy(**changes)) == expected
+
+
+def test_short_prompts_from_the_histogram() -> None:
+    # 80 of 100 prompts at most 10 tokens, 20 between 10 and 20: 80 + 20 * 0.6 under 16.
+    ev = healthy(prompt_len=(PROMPT_BOUNDS, [0, 0, 0, 80] + [100] * 11), hits=0)
+    assert ev.short_share() == pytest.approx(0.92)
+    assert one(ev) == ["short_prompts"]
+    assert one(healthy(prompt_len=(PROMPT_BOUNDS, [0, 0, 0, 10, 10] + [100] * 10))) == []
+
+
+def test_prompt_variance_needs_a_low_hit_ratio() -> None:
+    # p50 in (200, 500], p99 in (10000, 20000]: a long tail of documents.
+    spread = (PROMPT_BOUNDS, [0] * 7 + [10, 90, 95, 96, 97, 98, 100, 100])
+    assert one(healthy(prompt_len=spread, hits=20_000)) == ["prompt_variance"]
+    assert one(healthy(prompt_len=spread)) == []  # the hit rate is fine
+
+
+def test_cold_start() -> None:
+    assert one(healthy(seconds_since_start=120)) == ["cold_start"]
+    assert one(healthy(seconds_since_start=None)) == []
+
+
+def test_no_ttft_benefit() -> None:
+    rose = {"prev_hits": 40_000, "hits": 88_000}
+    assert one(healthy(**rose, ttft_p50=0.05, prev_ttft_p50=0.05)) == ["no_ttft_benefit"]
+    assert one(healthy(**rose, ttft_p50=0.02, prev_ttft_p50=0.05)) == []  # TTFT fell
+    assert one(healthy(**rose, ttft_requests=3)) == []  # too few requests to say
+
+
+LOGGED_OK = RequestEvidence(requests=100, prompt_tokens=200_000, cacheable_tokens=176_000,
+                            long_requests=100, long_prompt_tokens=200_000,
+                            long_cacheable_tokens=176_000)
+
+
+def test_prefix_divergence_from_the_log() -> None:
+    bad = RequestEvidence(requests=100, prompt_tokens=200_000, cacheable_tokens=2_000,
+                          long_requests=100, long_prompt_tokens=200_000,
+                          long_cacheable_tokens=2_000)
+    assert one(healthy(hits=1_000), bad) == ["prefix_divergence"]
+    few = RequestEvidence(requests=5, prompt_tokens=10_000, long_requests=5,
+                          long_prompt_tokens=10_000)
+    assert one(healthy(hits=1_000), few) == []
+
+
+def test_short_prompts_do_not_count_as_divergence() -> None:
+    shorts = RequestEvidence(requests=100, prompt_tokens=800, long_requests=0)
+    assert "prefix_divergence" not in one(healthy(hits=0), shorts)
+
+
+def test_gap_on_one_replica_is_eviction() -> None:
+    assert one(healthy(hits=30_000), LOGGED_OK) == ["eviction_pressure"]
+
+
+def test_gap_over_replicas_is_routing_spread_unless_a_pool_is_full() -> None:
+    spread = {"a": {"m": healthy(hits=50_000)}, "b": {"m": healthy(hits=50_000)}}
+    assert active(spread, {"m": LOGGED_OK}) == {"a": ["routing_spread"], "b": ["routing_spread"]}
+    full = {"a": {"m": healthy(hits=50_000, kv_peak=0.99, preemptions=5)},
+            "b": {"m": healthy(hits=50_000)}}
+    assert active(full, {"m": LOGGED_OK}) == {"a": ["eviction_pressure"], "b": []}
+    cold = {"a": {"m": healthy(hits=50_000, seconds_since_start=30)},
+            "b": {"m": healthy(hits=50_000)}}
+    assert active(cold, {"m": LOGGED_OK}) == {"a": ["cold_start"], "b": []}
+
+
+def test_no_gap_no_cause() -> None:
+    two = {"a": {"m": healthy()}, "b": {"m": healthy()}}
+    assert active(two, {"m": LOGGED_OK}) == {"a": [], "b": []}
+
+
+def test_fraction_at_or_below_interpolates() -> None:
+    bounds = (10.0, 20.0, math.inf)
+    assert fraction_at_or_below(15, bounds, [4, 8, 10]) == 6
+    assert fraction_at_or_below(5, bounds, [4, 8, 10]) == 2
+    assert fraction_at_or_below(50, bounds, [4, 8, 10]) == 8
+
+
+# -- from pages, through a monitor ---------------------------------------------------------------
+
+PAGE = """# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
+vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} {created}
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {h}
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{{engine="0",model_name="m"}} {p}
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {w}
+# TYPE vllm:kv_block_idle_before_evict_seconds histogram
+vllm:kv_block_idle_before_evict_seconds_bucket{{engine="0",le="1.0",model_name="m"}} {e1}
+vllm:kv_block_idle_before_evict_seconds_bucket{{engine="0",le="10.0",model_name="m"}} {e2}
+vllm:kv_block_idle_before_evict_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {e2}
+vllm:kv_block_idle_before_evict_seconds_sum{{engine="0",model_name="m"}} 0
+vllm:kv_block_idle_before_evict_seconds_count{{engine="0",model_name="m"}} {e2}
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",enable_prefix_caching="{on}",engine="0"}} 1.0
+"""
+
+
+def page(**values) -> str:
+    base = {"q": 0, "h": 0, "p": 0, "kv": 0.1, "w": 0, "e1": 0, "e2": 0, "created": 1000.0,
+            "on": "True"}
+    base.update(values)
+    return PAGE.format(**base)
+
+
+def test_evidence_from_polled_pages() -> None:
+    mon = TargetMonitor(TargetConfig("http://x/metrics", name="x"), {}, 1.0,
+                        extra_windows=(60.0, 120.0))
+    t0 = 10_000.0
+    mon.ingest(page(), t0)
+    mon.ingest(page(q=1000, h=500, kv=0.95, w=1, e1=30, e2=40), t0 + 30)
+    mon.ingest(page(q=2000, h=900, p=2, kv=0.99, w=4, e1=60, e2=80), t0 + 60)
+    ev = evidence_for(mon, t0 + 60, 60.0)["m"]
+    assert (ev.queries, ev.hits, ev.preemptions) == (2000, 900, 2)
+    assert ev.kv_peak == 0.99 and (ev.waiting_first, ev.waiting_last) == (0, 4)
+    assert ev.evicted_blocks == 80 and ev.evict_idle_median == pytest.approx(0.6667, abs=1e-3)
+    assert ev.seconds_since_start == pytest.approx(t0 + 60 - 1000)
+    assert ev.caching_enabled is True and ev.block_size == 16
+    assert one(ev) == ["eviction_pressure"]
+    # A restart (counters back to 0, a new created time) makes the target cold.
+    mon.ingest(page(q=10, h=0, created=t0 + 70), t0 + 75)
+    ev = evidence_for(mon, t0 + 75, 60.0)["m"]
+    assert ev.seconds_since_start == pytest.approx(5)
+    mon.ingest(page(q=20, on="False", created=t0 + 70), t0 + 80)
+    assert evidence_for(mon, t0 + 80, 60.0)["m"].caching_enabled is False

@@ -1,0 +1,179 @@
+"""The generated rules and Alertmanager config, checked by the real promtool and amtool."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prefixwatch.mixin import alertmanager, alerttests, rules
+from prefixwatch.mixin.rules_cli import write_all
+from tests.conftest import require_binary
+
+ROOT = Path(__file__).parents[2]
+ALERTS = ROOT / "alerts"
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return require_binary("promtool", "prometheus")
+
+
+@pytest.fixture(scope="module")
+def amtool() -> str:
+    return require_binary("amtool", "prometheus-alertmanager")
+
+
+def test_committed_files_match_the_generator(tmp_path: Path) -> None:
+    written = write_all(tmp_path, rules.RulesConfig())
+    for path in written:
+        committed = ALERTS / path.relative_to(tmp_path)
+        hint = "run: prefixwatch rules --write-all alerts"
+        assert committed.exists(), f"{committed} is missing: {hint}"
+        assert committed.read_text() == path.read_text(), (
+            f"{committed} drifted from the generator: {hint}")
+
+
+def test_every_alert_has_a_test_and_a_runbook_section() -> None:
+    runbook = (ROOT / "docs" / "runbooks.md").read_text()
+    for source in rules.SOURCES:
+        doc = yaml.safe_load((ALERTS / f"prefixwatch.{source}.rules.yml").read_text())
+        alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+        tests = yaml.safe_load((ALERTS / "tests" / f"prefixwatch.{source}.test.yml").read_text())
+        tested = {t["alertname"] for case in tests["tests"] for t in case.get("alert_rule_test", [])
+                  if t["exp_alerts"]}
+        for alert in alerts:
+            assert alert["alert"] in tested, f"{alert['alert']} never shown firing ({source})"
+            assert alert["alert"][0].isupper() and "_" not in alert["alert"]
+            assert alert["labels"]["severity"] in ("critical", "warning", "none")
+            assert set(alert["annotations"]) == {"summary", "description", "runbook_url"}
+            anchor = alert["annotations"]["runbook_url"].split("#")[1]
+            assert f"## {alert['alert']}".lower() == f"## {anchor}"
+            assert f"## {alert['alert']}\n" in runbook
+        records = [r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r]
+        assert all(len(name.split(":")) == 3 for name in records), "level:metric:operations"
+
+
+def test_every_cause_has_a_runbook_section_and_the_alerts_link_it() -> None:
+    from prefixwatch.core.causes import CAUSE_NAMES
+
+    runbook = (ROOT / "docs" / "runbooks.md").read_text()
+    for cause in CAUSE_NAMES:
+        assert f"\n### {cause}\n" in runbook, f"no runbook section for {cause}"
+        assert f"| `{cause}` |" in runbook, f"{cause} missing from the rule table"
+    doc = yaml.safe_load((ALERTS / "prefixwatch.vllm.rules.yml").read_text())
+    named = [r for g in doc["groups"] for r in g["rules"]
+             if "alert" in r and "Diagnosis:" in r["annotations"]["description"]]
+    assert {r["alert"] for r in named} == {rules.ALERT_LOW, rules.ALERT_REGRESSION,
+                                           rules.ALERT_OUTLIER}
+    for rule in named:
+        assert f"{rules.DEFAULT_RUNBOOK_URL}#{{{{ $s.Labels.cause }}}}" in (
+            rule["annotations"]["description"])
+
+
+@pytest.mark.parametrize("source", rules.SOURCES)
+def test_promtool_checks_and_unit_tests(promtool: str, source: str) -> None:
+    rule_file = str(ALERTS / f"prefixwatch.{source}.rules.yml")
+    check = subprocess.run([promtool, "check", "rules", rule_file], capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = subprocess.run([promtool, "test", "rules",
+                           str(ALERTS / "tests" / f"prefixwatch.{source}.test.yml")],
+                          capture_output=True, text=True)
+    assert test.returncode == 0, test.stdout + test.stderr
+
+
+def test_per_model_thresholds_opt_outs_and_selector(promtool: str, tmp_path: Path) -> None:
+    cfg_path = tmp_path / "cfg.yml"
+    cfg_path.write_text(textwrap.dedent("""\
+        selector: 'job="vllm"'
+        models:
+          embedder: {disabled: true}
+          "coder.v2": {threshold: 0.3}
+    """))
+    cfg = rules.load_config(str(cfg_path))
+    (tmp_path / "r.yml").write_text(rules.render("vllm", cfg))
+    cases = alerttests.Cases("vllm", cfg, "r.yml")
+
+    def traffic(model: str, ratio: float, job: str = "vllm") -> list[dict[str, str]]:
+        series = cases.traffic([alerttests.Phase(40, 1000, ratio)], target=f"{model}:8000")
+        for s in series:
+            s["series"] = s["series"].replace(alerttests.MODEL, model).replace(
+                'job="vllm"', f'job="{job}"')
+        return series
+
+    series = (traffic("embedder", 0.0) + traffic("coder.v2", 0.4) + traffic("chat", 0.5)
+              + traffic("other-job", 0.0, job="batch"))
+    firing = [cases.expect(rules.ALERT_LOW, "critical", {"model_name": "chat"}, 0.5)]
+    doc = {"rule_files": ["r.yml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": series,
+        "alert_rule_test": [cases.at(rules.ALERT_LOW, 10, firing)]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, width=1000))
+    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The same 0.2 ratio does fire for the model with a 0.3 threshold.
+    series = traffic("coder.v2", 0.2)
+    doc["tests"][0]["input_series"] = series
+    doc["tests"][0]["alert_rule_test"] = [cases.at(rules.ALERT_LOW, 10, [
+        cases.expect(rules.ALERT_LOW, "critical", {"model_name": "coder.v2"}, 0.2)])]
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, width=1000))
+    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_config_and_routes(amtool: str, tmp_path: Path) -> None:
+    path = str(ALERTS / "alertmanager.yml")
+    check = subprocess.run([amtool, "check-config", path], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for labels, receiver in (
+            (["alertname=PrefixCacheHitRateLow", "severity=critical", "model_name=m"], "pager"),
+            (["alertname=PrefixCacheHitRateLow", "severity=warning", "model_name=m"], "ticket"),
+            (["alertname=PrefixCacheReplicaOutlier", "severity=warning"], "ticket"),
+            (["alertname=Watchdog", "severity=none"], "watchdog")):
+        out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={path}",
+                              *labels], capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.strip() == receiver, (labels, out.stdout)
+    text = alertmanager.render({alertmanager.ENV_PAGER: "https://pager.example/hook"})
+    assert "https://pager.example/hook" in text and "ticket.prefixwatch.invalid" in text
+    rendered = tmp_path / "am.yml"
+    rendered.write_text(text)
+    assert subprocess.run([amtool, "check-config", str(rendered)],
+                          capture_output=True).returncode == 0
+    committed = (ALERTS / "alertmanager.yml").read_text()
+    assert "PagerDuty" in committed and "slack_configs" in committed
+
+
+@pytest.mark.parametrize("content,message", [
+    ("threshold: 1.5\n", "between 0 and 1"),
+    ("tresholds: 0.5\n", "unknown key"),
+    ("models: {m: {threshold: 0.5, page: false}}\n", "threshold: and/or disabled:"),
+    ("cold_start: soon\n", "not a duration"),
+    ("selector: 'job=vllm'\n", "selector must look like"),
+])
+def test_bad_rules_config_exits_2(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "rules", "--config", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_threshold_flag_and_out_file(tmp_path: Path) -> None:
+    out = tmp_path / "r.yml"
+    r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "rules", "--source", "sglang",
+                        "--threshold", "0.6", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "sglang:cached_tokens_total" in text and "< 0.6" in text and "< 0.7" not in text
+
+
+def test_prom_duration() -> None:
+    assert rules.prom_duration(90) == "1m30s"
+    assert rules.prom_duration(3600 * 2 + 1) == "2h1s"
+    assert rules.prom_duration(0.5) == "500ms"
