@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from prefixwatch import rules
-from prefixwatch.alerttests import STEP, Cases, Phase
+from prefixwatch.mixin import rules
+from prefixwatch.mixin.alerttests import STEP, Cases, Phase
 
 Q, H = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 COMPARED = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.pagereader import LabelCache, read_page
+from prefixwatch.exporter.pagereader import LabelCache, read_page
 
 PAGE = (Path(__file__).parent.parent / "tests" / "fixtures" / "vllm_metrics.txt").read_text()
 

@@ -50,9 +50,9 @@ def endless_log(seed: int = 11) -> Iterator[str]:
 
 def child(variant: str, requests: int) -> None:
     from prefixwatch.audit.analysis import Auditor
-    from prefixwatch.audit.logs import LogRequest, VllmLogJoiner, parse_line
-    from prefixwatch.requestslog import RequestsLogConfig, RequestsLogReader
-    from prefixwatch.requestview import RequestView
+    from prefixwatch.core.logformat import LogRequest, VllmLogJoiner, parse_line
+    from prefixwatch.exporter.requestlog.reader import RequestsLogConfig, RequestsLogReader
+    from prefixwatch.exporter.requestlog.view import RequestView
 
     lines = endless_log()
     started = time.perf_counter()
