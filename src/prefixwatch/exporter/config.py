@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from prefixwatch.core import causes, names
 from prefixwatch.core.causes import DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.yamlfile import load_mapping
 from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
 
 
@@ -178,20 +177,7 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
 
 
 def load_file(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path!r}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise ConfigError(f"config file {path!r} is not valid YAML{where}: {problem}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path!r} must hold a mapping")
+    data = load_mapping(path)  # file:line:column on bad YAML (core/yamlfile.py)
     unknown = set(data) - _TOP_KEYS
     if unknown:
         raise ConfigError(f"config file {path!r}: unknown key {sorted(unknown)[0]!r}")
