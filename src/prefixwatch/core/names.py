@@ -220,3 +220,26 @@ SCRAPE_ERROR_REASONS: tuple[str, ...] = (
     "invalid_value",  # NaN or negative counter
 )
 
+
+# -- Cache tiers (issue 13): every tier that saves a prefill counts ---------------------------
+
+L_TIER = "tier"
+
+#: The tiered form of OUT_PROMPT_TOKENS_CACHED: the same family name, with a ``tier`` label
+#: (core.tiers.TIERS). It replaces OUT_PROMPT_TOKENS_CACHED when the exporter writes tiers
+#: (the two are never registered together), so ``sum without (tier)`` equals the untiered
+#: series and queries that sum the family keep their meaning.
+OUT_PROMPT_TOKENS_CACHED_BY_TIER = OutMetric(
+    "prefixwatch_prompt_tokens_cached", "counter",
+    "Prompt tokens served from a cache instead of recomputed, by the tier that served them "
+    "(device, host, disk, remote, unknown).", (*_SERIES, L_TIER))
+OUT_EFFECTIVE_HIT_RATIO = OutMetric(
+    "prefixwatch_effective_hit_ratio", "gauge",
+    "Share of prompt tokens served from any cache tier over a window: "
+    "delta(cached, all tiers)/delta(prompt tokens), reset-safe; absent without prompt tokens.",
+    (L_TARGET, L_MODEL, L_SERVER, L_WINDOW))
+OUT_FLEET_EFFECTIVE_HIT_RATIO = OutMetric(
+    "prefixwatch_fleet_effective_hit_ratio", "gauge",
+    "Share of a model's prompt tokens served from any cache tier over all targets: sum of "
+    "cached over sum of prompt tokens; absent without prompt tokens.",
+    (L_MODEL, L_WINDOW))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefixwatch.core import tiers
+
 # --------------------------------------------------------------------------------------------
 # What prefixwatch reads: one schema per engine generation
 # --------------------------------------------------------------------------------------------
@@ -158,3 +160,68 @@ CACHE_INFO_BLOCK_SIZE = "block_size"
 CACHE_INFO_ENABLED = "enable_prefix_caching"
 CACHE_INFO_NUM_GPU_BLOCKS = "num_gpu_blocks"
 
+
+
+# --------------------------------------------------------------------------------------------
+# Cache tiers: the families that say which tier served a cached token (issue 13)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TierSchema:
+    """What an engine exposes about its second (and further) cache tiers, by role.
+
+    ``cached_by_source`` split by ``source_label`` gives cached tokens per engine source, to be
+    mapped with ``core.tiers``; without it, ``fallback_device``/``fallback_unknown`` stand in
+    (device = prefix-cache hits, unknown = external hits). ``tier_counters`` and
+    ``tier_gauges`` are the tier's own bookkeeping (stores, loads, occupancy).
+    """
+
+    server: str
+    cached_by_source: str
+    source_label: str
+    prompt_by_source: str | None = None
+    fallback_device: str | None = None
+    fallback_unknown: str | None = None
+    ext_queries: str | None = None
+    tier_counters: tuple[str, ...] = ()
+    tier_gauges: tuple[str, ...] = ()
+    info: str | None = None
+
+    def sample_names(self) -> frozenset[str]:
+        """Every sample name this schema reads (with the ``_created`` of each counter)."""
+        counters = [n for n in (self.cached_by_source, self.prompt_by_source,
+                                self.fallback_device, self.fallback_unknown, self.ext_queries,
+                                *self.tier_counters) if n]
+        names = set(counters) | {c.removesuffix("_total") + "_created" for c in counters}
+        names |= set(self.tier_gauges)
+        if self.info:
+            names.add(self.info)
+        return frozenset(names)
+
+
+VLLM_TIERS = TierSchema(
+    server="vllm",
+    cached_by_source=tiers.VLLM_CACHED_BY_SOURCE,
+    source_label=tiers.VLLM_SOURCE_LABEL,
+    prompt_by_source=tiers.VLLM_PROMPT_BY_SOURCE,
+    fallback_device=tiers.VLLM_DEVICE_HITS,
+    fallback_unknown=tiers.VLLM_EXTERNAL_HITS,
+    ext_queries=tiers.VLLM_EXTERNAL_QUERIES,
+    tier_counters=(tiers.VLLM_OFFLOAD_SAVE_OUTCOMES, tiers.VLLM_OFFLOAD_LOAD_BLOCKS),
+    tier_gauges=(tiers.VLLM_OFFLOAD_USED_BLOCKS, tiers.VLLM_OFFLOAD_PENDING_STORE_BLOCKS),
+    info=tiers.VLLM_OFFLOAD_INFO,
+)
+
+SGLANG_TIERS = TierSchema(
+    server="sglang",
+    cached_by_source=tiers.SGLANG_CACHED_BY_SOURCE,
+    source_label=tiers.SGLANG_SOURCE_LABEL,
+    tier_counters=(tiers.SGLANG_EVICTED_TOKENS, tiers.SGLANG_LOAD_BACK_TOKENS,
+                   tiers.SGLANG_HICACHE_BACKUP_TOKENS, tiers.SGLANG_HICACHE_DROPPED_TOKENS,
+                   tiers.SGLANG_PREFETCHED_TOKENS, tiers.SGLANG_BACKUPED_TOKENS),
+    tier_gauges=(tiers.SGLANG_HICACHE_HOST_USED, tiers.SGLANG_HICACHE_HOST_TOTAL),
+)
+
+#: Tier schema by server kind (``SourceSchema.server``).
+TIER_SCHEMAS: dict[str, TierSchema] = {"vllm": VLLM_TIERS, "sglang": SGLANG_TIERS}
