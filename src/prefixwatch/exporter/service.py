@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 import time
@@ -18,6 +17,7 @@ from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
+from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -174,33 +174,7 @@ class Exporter:
     # -- pages ---------------------------------------------------------------------------------
 
     def landing_page(self) -> str:
-        window = self.config.windows[0] if self.config.windows else None
-        rows = []
-        for mon in self.monitors:
-            with mon.lock:
-                state = "up" if mon.up else ("not polled yet" if not mon.polled else "down")
-                schema = mon.snapshot.schema.schema if mon.snapshot and mon.up else ""
-                error = mon.last_error if not mon.up else ""
-                ratios = ", ".join(
-                    f"{m}: {f.windows[window].hit_ratio:.1%} ({window})"
-                    for m, f in sorted(mon.models.items())
-                    if window in f.windows and f.windows[window].hit_ratio is not None)
-            with self.state.lock:
-                causes = "; ".join(
-                    f"{model}: {', '.join(self.state.diagnosis.active(mon.name, model)) or '-'}"
-                    for (target, model) in sorted(self.state.diagnosis.causes)
-                    if target == mon.name) if mon.up else ""
-            rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-                mon.name, mon.target.url, state, schema, ratios, causes, error)) + "</tr>")
-        return (
-            "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
-            "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style>"
-            f"</head><body><h1>prefixwatch {__version__}</h1>"
-            "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
-            "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
-            "<th>hit ratio</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
-            "<th>last error</th></tr>" + "".join(rows) + "</table>"
-            "</body></html>")
+        return render_landing(self)
 
 
 def _make_handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
