@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from prefixwatch.core import causes, names
-from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.version import __version__
 from prefixwatch.exporter.config import build_config
 
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_flags(st)
     st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
                     help="seconds between the two polls (default 5)")
+    st.add_argument("--cold-start", metavar="DURATION",
+                    help=f"a server that (re)started less than this ago is cold (default "
+                         f"{causes.COLD_START}; `prefixwatch demo --time-scale` prints its own)")
 
     from prefixwatch.audit.cli import add_audit_parser
     from prefixwatch.demo import add_demo_parser
@@ -124,7 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_dashboards_parser(sub)
     add_audit_parser(sub)
     add_demo_parser(sub)
+    parser.set_defaults(_subparsers=sub.choices)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Like parse_args, but a flag the sub-command does not know is reported by that
+    sub-command's parser, so the message points at its --help, not the top-level one."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = args._subparsers.get(args.command, parser)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
@@ -133,6 +148,8 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
         bearer_token_file=args.bearer_token_file, ca_file=args.ca_file,
         insecure_skip_verify=args.insecure_skip_verify, max_body_bytes=args.max_body_bytes,
     )
+    if not with_exporter_flags and getattr(args, "cold_start", None):
+        kwargs["cold_start"] = args.cold_start
     if with_exporter_flags:
         kwargs.update(interval=args.interval, listen_address=args.listen_address,
                       windows=args.window, otlp_endpoint=args.otlp_endpoint,
@@ -191,7 +208,7 @@ def _stop_on_signals(stop) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     commands = {"exporter": run_exporter, "status": run_status}
@@ -207,12 +224,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands["audit"] = run_audit
     commands["demo"] = run_demo
     try:
-        return commands[args.command](args)
-    except ConfigError as exc:
+        code = commands[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except PrefixwatchError as exc:
         print(f"prefixwatch {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except KeyboardInterrupt:
         return 130
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (`prefixwatch ... | head`): that is the reader's choice, not an
+    error; stdout is pointed at /dev/null so the interpreter's final flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 if __name__ == "__main__":

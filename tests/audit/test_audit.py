@@ -163,9 +163,33 @@ def test_bad_setup_exits_2(tmp_path: Path) -> None:
     assert run(str(log), "--tokenizer", str(tmp_path / "nope")).returncode == 2
     assert run(str(tmp_path / "missing.jsonl")).returncode == 2
     assert run("diff", str(log)).returncode == 2
-    text_only = run(str(log), "--format", "json")
-    assert text_only.returncode == 0 and json.loads(text_only.stdout)["skipped_lines"] == 1
-    assert "--server" in text_only.stderr
+
+
+def test_text_lines_without_a_tokenizer_are_one_error(tmp_path: Path) -> None:
+    """Not a warning per line and an empty report with exit 0: one line, exit 2."""
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps({"prompt_token_ids": tokens(40)}) + "\n"
+                   + '{"messages": [{"role": "user", "content": "hi"}]}\n' * 50)
+    out = run(str(log), "--format", "json")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"prefixwatch audit: error: {log}:2 is a text request (chat or completion), which "
+        "needs a tokenizer: give --server URL (vLLM's /tokenize), --tokenizer DIR (a Hugging "
+        "Face tokenizer) or --tokenizer builtin (the simulator's); pre-tokenized lines "
+        "(prompt_token_ids) need none"]
+
+
+def test_unreachable_server_is_one_sentence_with_the_url(tmp_path: Path) -> None:
+    log = tmp_path / "r.jsonl"
+    log.write_text('{"prompt": "hello"}\n')
+    out = run(str(log), "--server", "http://127.0.0.1:1")
+    assert out.returncode == 2
+    assert out.stderr == ("prefixwatch audit: error: cannot tokenize: nothing answers at "
+                          "http://127.0.0.1:1 (connection refused): is the server running and "
+                          "is the address right?\n")
+    bad = run(str(log), "--server", "localhost:8000")
+    assert bad.returncode == 2 and "is not an http(s) URL" in bad.stderr
+    assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
 def test_stdin_and_pretokenized_lora_salt() -> None:
@@ -243,3 +267,56 @@ def test_local_hugging_face_tokenizer(tmp_path: Path) -> None:
     top = report["divergence"][0]
     # <s> system : current date and time is 2026-11-30 | 06:11:xx: token 9 differs.
     assert top["position"] == 9 and top["count"] == 2 and top["kind"] == "date/time"
+
+
+def _audit_kinds(log: Path, *flags: str) -> set[str]:
+    out = run(str(log), "--format", "json", *flags)
+    assert out.returncode == 0, out.stderr
+    return {row["kind"] for row in json.loads(out.stdout)["divergence"]}
+
+
+def test_healthy_logs_raise_no_false_alarm(tmp_path: Path) -> None:
+    """Where each request's own content starts (the user's question, numbered or not) is
+    not something to fix: chat, completion and pre-tokenized healthy logs name no problem."""
+    chat = tmp_path / "chat.jsonl"
+    write_log(chat, "static-system-prompt", 30)
+    assert _audit_kinds(chat, "--tokenizer", "builtin") == {"own content"}
+    instructions = "\n".join(f"Rule {i}: answer politely and cite the order number." for i in
+                             range(60))
+    completion = tmp_path / "completion.jsonl"
+    completion.write_text("".join(
+        json.dumps({"prompt": f"{instructions}\nQuestion {n}: where is order {1000 + n}?"})
+        + "\n" for n in range(30)))
+    assert _audit_kinds(completion, "--tokenizer", "builtin") == {"own content"}
+    system = tokens(1200, 5)
+    pretokenized = tmp_path / "ids.jsonl"
+    pretokenized.write_text("".join(
+        json.dumps({"prompt_token_ids": system + tokens(60, 100 + n)}) + "\n"
+        for n in range(30)))
+    assert _audit_kinds(pretokenized) == {"own content"}
+
+
+def test_a_change_near_the_top_is_still_named(tmp_path: Path) -> None:
+    """The same logs with a number near the top: flagged; token ids alone: not guessed."""
+    completion = tmp_path / "completion.jsonl"
+    instructions = "\n".join(f"Rule {i}: answer politely." for i in range(60))
+    completion.write_text("".join(
+        json.dumps({"prompt": f"Ticket {5000 + n}\n{instructions}\nQuestion: where?"}) + "\n"
+        for n in range(30)))
+    assert _audit_kinds(completion, "--tokenizer", "builtin") == {"number"}
+    system = tokens(1200, 5)
+    pretokenized = tmp_path / "ids.jsonl"
+    pretokenized.write_text("".join(
+        json.dumps({"prompt_token_ids": system[:8] + [n] + system[8:]}) + "\n"
+        for n in range(30)))
+    kinds = _audit_kinds(pretokenized)
+    assert kinds == {"token ids"}
+
+
+@pytest.mark.parametrize("shared,decoded,kind", [
+    (0.9, True, "own content"), (0.7, False, "own content"), (0.69, True, "number"),
+    (None, True, "number"), (0.1, False, "token ids"),
+])
+def test_kind_guess_uses_the_shared_share(shared: float | None, decoded: bool,
+                                          kind: str) -> None:
+    assert guess_kind("Question 17: x", "Question 18: y", "", shared, decoded) == kind

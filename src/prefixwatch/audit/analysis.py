@@ -52,6 +52,9 @@ class Report:
     bad_lines: list[tuple[str, str]] = field(default_factory=list)
     positions: Counter = field(default_factory=Counter)
     examples: dict[int, Divergence] = field(default_factory=dict)
+    #: The prompt length of each example, to tell a divergence near the top from the start
+    #: of the request's own content (core/whatvaries.py).
+    example_tokens: dict[int, int] = field(default_factory=dict)
 
     @property
     def achievable_hit_rate(self) -> float | None:
@@ -64,14 +67,18 @@ class Report:
         return self.simulated_cached_tokens / self.prompt_tokens
 
     def top_divergences(self, decode: Callable[[Sequence[int]], str], limit: int = 10,
-                        redact: bool = False) -> list[dict]:
+                        redact: bool = False, decoded: bool = True) -> list[dict]:
+        """The most frequent divergence positions; ``decoded=False`` when ``decode`` only
+        joins token ids (no tokenizer), so the kind is not guessed from digits."""
         out = []
         for position, count in self.positions.most_common(limit):
             ex = self.examples[position]
             before = decode(ex.mine[:ex.offset])
             mine_after = decode(ex.mine[ex.offset:])
             theirs_after = decode(ex.theirs[ex.offset:])
-            kind = guess_kind(mine_after, theirs_after, before)
+            length = self.example_tokens.get(position)
+            shared = position / length if length else None
+            kind = guess_kind(mine_after, theirs_after, before, shared, decoded)
             context = "[redacted]" if redact else f"{before}⟦{mine_after}⟧ vs ⟦{theirs_after}⟧"
             out.append({"position": position, "count": count, "kind": kind,
                         "context": context, "fix": FIXES[kind]})
@@ -115,7 +122,10 @@ class Auditor:
                     # get an example again the next time they occur).
                     keep = {p for p, _ in r.positions.most_common(MAX_EXAMPLES * 8)}
                     r.examples = {p: ex for p, ex in r.examples.items() if p in keep}
+                    r.example_tokens = {p: n for p, n in r.example_tokens.items()
+                                        if p in keep}
                 r.examples[pos] = result.divergence
+                r.example_tokens[pos] = result.prompt_tokens
         return result
 
 

@@ -15,7 +15,13 @@ from tqdm import tqdm
 from prefixwatch.audit.analysis import Auditor, Report, diff
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.logformat import BadLine, LogRequest, parse_request, read_jsonl
-from prefixwatch.core.tokenizers import AuditError, ServerTokenizer, Tokenizer, open_tokenizer
+from prefixwatch.core.tokenizers import (
+    AuditError,
+    NoTokenizer,
+    ServerTokenizer,
+    Tokenizer,
+    open_tokenizer,
+)
 
 log = logging.getLogger("prefixwatch.audit")
 BATCH = 64
@@ -74,6 +80,18 @@ def run_audit(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from exc
 
 
+def _require_pretokenized(batch: list[LogRequest]) -> None:
+    """Without --server or --tokenizer only token ids can be audited: a text line is one
+    clear error (exit 2), not a warning per line and an empty report."""
+    for req in batch:
+        if req.token_ids is None:
+            raise ConfigError(
+                f"{req.where} is a text request (chat or completion), which needs a tokenizer: "
+                "give --server URL (vLLM's /tokenize), --tokenizer DIR (a Hugging Face "
+                "tokenizer) or --tokenizer builtin (the simulator's); pre-tokenized lines "
+                "(prompt_token_ids) need none")
+
+
 def _block_size(args: argparse.Namespace, tok: Tokenizer) -> int:
     if args.block_size is not None:
         if args.block_size < 1:
@@ -99,12 +117,15 @@ def _run_log(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
     tok = _tokenizer(args)
+    text_capable = not isinstance(tok, NoTokenizer)
     auditor = Auditor(_block_size(args, tok), args.kv_blocks)
     report = auditor.report
     bar = tqdm(unit=" req", desc="auditing", file=sys.stderr,
                disable=args.no_progress or not sys.stderr.isatty())
     for batch in _batches(read_jsonl(args.logs), BATCH):
         good = [r for r in batch if isinstance(r, LogRequest)]
+        if not text_capable:
+            _require_pretokenized(good)
         tokenized = iter(tok.tokenize(good))
         for item in batch:
             if isinstance(item, BadLine):
@@ -119,7 +140,7 @@ def _run_log(args: argparse.Namespace) -> int:
             auditor.add(ids, item.extra_keys)
         bar.update(len(batch))
     bar.close()
-    top = report.top_divergences(tok.decode, args.top, args.redact)
+    top = report.top_divergences(tok.decode, args.top, args.redact, decoded=text_capable)
     if args.format == "json":
         print(json.dumps(_as_json(report, top), indent=2))
     else:
@@ -164,10 +185,10 @@ def _as_text(report: Report, top: list[dict]) -> str:
                      f"{report.bad_lines[0][0]}: {report.bad_lines[0][1]})")
     if top:
         lines += ["", "Where requests stop matching earlier ones (most frequent first):", "",
-                  f"{'POSITION':>8}  {'REQUESTS':>8}  {'KIND':<10}  CONTEXT"]
+                  f"{'POSITION':>8}  {'REQUESTS':>8}  {'KIND':<11}  CONTEXT"]
         for row in top:
             context = row["context"].replace("\n", "\\n")
-            lines.append(f"{row['position']:>8}  {row['count']:>8}  {row['kind']:<10}  "
+            lines.append(f"{row['position']:>8}  {row['count']:>8}  {row['kind']:<11}  "
                          f"{context[:160]}")
         lines += ["", "Fixes (docs/runbooks.md, PrefixCacheHitRateLow):"]
         for kind in dict.fromkeys(row["kind"] for row in top):

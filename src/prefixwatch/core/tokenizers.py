@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import schemas
+from prefixwatch.core import neterrors, schemas
 from prefixwatch.core.logformat import LogRequest
 
 
@@ -98,7 +98,7 @@ class ServerTokenizer:
         try:
             resp = self.session.get(f"{self.base}/health", timeout=5)
         except requests.RequestException as exc:
-            raise AuditError(f"cannot reach the server at {self.base}: {exc}") from exc
+            raise AuditError(f"cannot tokenize: {neterrors.describe(exc, self.base)}") from exc
         if resp.status_code >= 400:
             raise AuditError(f"{self.base}/health answered HTTP {resp.status_code}")
 
@@ -118,7 +118,8 @@ class ServerTokenizer:
         try:
             resp = self.session.post(f"{self.base}/tokenize", json=body, timeout=self.timeout)
         except requests.RequestException as exc:
-            raise AuditError(f"the server stopped answering: {exc}") from exc
+            raise AuditError("the server stopped answering: "
+                             f"{neterrors.describe(exc, self.base)}") from exc
         if resp.status_code != 200:
             return f"/tokenize answered HTTP {resp.status_code}: {resp.text[:200]}"
         tokens = resp.json().get("tokens")

@@ -13,6 +13,7 @@ from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.simulator.driver import Driver, get_scenario
 from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
 from prefixwatch.simulator.scenarios import describe
 from prefixwatch.simulator.server import Replica, ReplicaServer
@@ -95,19 +96,28 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                         "VLLM_LOGGING_LEVEL=DEBUG) to FILE, '-' for stdout")
     p.add_argument("--max-log-len", type=int, metavar="N",
                    help="cut logged prompts and token ids at N, as vLLM's --max-log-len")
+    p.add_argument("--request-log-max-mb", type=_non_negative, default=0, metavar="MB",
+                   help="rotate the --request-log FILE to FILE.1 when it reaches MB megabytes "
+                        "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
     p.add_argument("--seed", type=int, default=1, help="workload random seed (default 1)")
     p.add_argument("--duration", type=_duration, metavar="DURATION",
                    help="stop after this long (default: run until Ctrl-C)")
 
 
 class Simulation:
-    """Replicas, their HTTP servers and the workload driver, started and stopped together."""
+    """Replicas, their HTTP servers and the workload driver, started and stopped together.
+
+    ``stop`` is safe at any point: before ``start``, after a ``start`` that failed half-way,
+    or twice; it stops what runs and closes what was only bound."""
 
     def __init__(self, servers: list[ReplicaServer], driver: Driver | None,
-                 log_stream: IO[str] | None) -> None:
+                 log_stream: IO[str] | RotatingFile | None) -> None:
         self.servers = servers
         self.driver = driver
         self._log_stream = log_stream
+        self._started: list[ReplicaServer] = []
+        self._driver_started = False
+        self._stopped = False
 
     @property
     def urls(self) -> list[str]:
@@ -116,15 +126,23 @@ class Simulation:
     def start(self) -> None:
         for s in self.servers:
             s.start()
+            self._started.append(s)
         if self.driver is not None:
             self.driver.start()
+            self._driver_started = True
 
     def stop(self) -> None:
-        if self.driver is not None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.driver is not None and self._driver_started:
             self.driver.stop()
             log.info("sent %d requests, %d rejected", self.driver.sent, self.driver.rejected)
         for s in self.servers:
-            s.stop()
+            if s in self._started:
+                s.stop()
+            else:
+                s.httpd.server_close()  # bound, never served: shutdown() would wait forever
         if self._log_stream is not None and self._log_stream is not sys.stdout:
             self._log_stream.close()
 
@@ -155,15 +173,20 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
         kv_cache_metrics_sample=args.kv_cache_metrics_sample)
     if not 0 <= args.kv_cache_metrics_sample <= 1:
         raise ConfigError("--kv-cache-metrics-sample must be between 0 and 1")
-    log_stream: IO[str] | None = None
+    log_stream: IO[str] | RotatingFile | None = None
     request_log = None
     if args.request_log:
+        max_bytes = int(args.request_log_max_mb * 1024 * 1024)
         try:
-            log_stream = sys.stdout if args.request_log == "-" else open(  # noqa: SIM115
-                args.request_log, "a", encoding="utf-8")
+            if args.request_log == "-":
+                log_stream = sys.stdout
+            elif max_bytes:
+                log_stream = RotatingFile(args.request_log, max_bytes)
+            else:
+                log_stream = open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot open {args.request_log}: {exc.strerror}") from exc
-        request_log = RequestLogger(log_stream, args.max_log_len)
+        request_log = RequestLogger(log_stream, args.max_log_len)  # type: ignore[arg-type]
     adapters = tuple(sorted(set(scenario.lora_modules) | set(
         switch_to.lora_modules if switch_to else ())))
     servers: list[ReplicaServer] = []
@@ -176,6 +199,8 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     except OSError as exc:
         for s in servers:
             s.httpd.server_close()
+        if log_stream is not None and log_stream is not sys.stdout:
+            log_stream.close()
         raise ConfigError(str(exc.strerror or exc)) from exc
     driver = None
     if args.rate > 0:
