@@ -74,6 +74,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-blocks", type=int, metavar="N",
                    help=f"KV pool size per replica in blocks (default: the scenario's, "
                         f"else {defaults.num_blocks})")
+    p.add_argument("--offload-blocks", type=int, metavar="N",
+                   help="give each replica a host (CPU) KV tier of N blocks, as vLLM's "
+                        "SimpleCPUOffloadConnector (SGLang: HiCache host pool); default: the "
+                        "scenario's, else none")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="switch prefix caching off (as vLLM's --no-enable-prefix-caching)")
     p.add_argument("--kv-cache-metrics", action="store_true",
@@ -164,13 +168,17 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     num_blocks = args.kv_blocks or scenario.num_blocks or EngineConfig().num_blocks
     if args.block_size < 1 or num_blocks < 2:
         raise ConfigError("--block-size must be >= 1 and --kv-blocks >= 2")
+    offload_blocks = (args.offload_blocks if args.offload_blocks is not None
+                      else scenario.offload_blocks or 0)
+    if offload_blocks < 0:
+        raise ConfigError("--offload-blocks must be 0 or more")
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_blocks=num_blocks,
         enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         time_per_output_token=args.time_per_output_token,
         kv_cache_metrics=args.kv_cache_metrics,
-        kv_cache_metrics_sample=args.kv_cache_metrics_sample)
+        kv_cache_metrics_sample=args.kv_cache_metrics_sample, offload_blocks=offload_blocks)
     if not 0 <= args.kv_cache_metrics_sample <= 1:
         raise ConfigError("--kv-cache-metrics-sample must be between 0 and 1")
     log_stream: IO[str] | RotatingFile | None = None

@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from prefixwatch.core.blockcache import BlockPool, Node, Residency
+from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 
 
 @dataclass
@@ -39,6 +40,8 @@ class EngineConfig:
     #: vLLM's --kv-cache-metrics and --kv-cache-metrics-sample (block-residency histograms).
     kv_cache_metrics: bool = False
     kv_cache_metrics_sample: float = 0.01
+    #: Host (CPU) tier per replica in blocks, as vLLM's SimpleCPUOffloadConnector; 0 = none.
+    offload_blocks: int = 0
 
 
 @dataclass
@@ -52,7 +55,8 @@ class SimRequest:
     output: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     path: list[Node] = field(default_factory=list)  # nodes of the cached full blocks
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # every tier, as the OpenAI usage field reports it
+    external_cached_tokens: int = 0  # of which loaded from the host tier
     num_preemptions: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
@@ -75,6 +79,8 @@ class EngineStats:
         self.prefix_hits = 0
         self.prompt_tokens = 0
         self.prompt_tokens_cached = 0
+        self.ext_queries = 0
+        self.ext_hits = 0
         self.generation_tokens = 0
         self.preemptions = 0
         self.requests = 0
@@ -94,6 +100,8 @@ class Engine:
         if config.kv_cache_metrics:
             self.pool.residency = Residency(clock, config.kv_cache_metrics_sample)
         self.stats = EngineStats()
+        self.offload = (HostTier(config.offload_blocks, config.block_size)
+                        if config.offload_blocks else None)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.lock = threading.RLock()
@@ -138,6 +146,8 @@ class Engine:
         with self.lock:
             self._advance(now)
             self._admit(now)
+            if self.offload is not None:
+                self.offload.step(now)
 
     def _admit(self, now: float) -> None:
         cfg = self.config
@@ -153,15 +163,25 @@ class Engine:
             req.path = admitted.path
             hit_tokens = admitted.cached_tokens
             uncached = len(tokens) - hit_tokens
+            host_tokens = 0
+            if self.offload is not None:
+                start = max(now, self._prefill_free_at)
+                host_tokens = self.offload.admit(tokens, req.extra_keys, hit_tokens, start + (
+                    uncached / cfg.prefill_tokens_per_s))
+                uncached -= host_tokens - host_tokens / LOAD_SPEEDUP
             if req.num_preemptions == 0:
                 st = self.stats
                 st.prefix_queries += len(tokens)
                 st.prefix_hits += hit_tokens
                 st.prompt_tokens += len(tokens)
-                st.prompt_tokens_cached += hit_tokens
+                st.prompt_tokens_cached += hit_tokens + host_tokens
+                if self.offload is not None:
+                    st.ext_queries += len(tokens) - hit_tokens
+                    st.ext_hits += host_tokens
                 st.requests += 1
                 st.last_batch_hit_rate = hit_tokens / len(tokens)
-                req.cached_tokens = hit_tokens
+                req.cached_tokens = hit_tokens + host_tokens
+                req.external_cached_tokens = host_tokens
                 req.scheduled_at = now
             start = max(now, self._prefill_free_at)
             self._prefill_free_at = start + uncached / cfg.prefill_tokens_per_s
@@ -255,6 +275,8 @@ class Engine:
             self.running.clear()
             self.waiting.clear()
             self.pool.reset()
+            if self.offload is not None:
+                self.offload.reset()
             self.stats = EngineStats()  # listeners of the old process go with it
             self._prefill_free_at = 0.0
 

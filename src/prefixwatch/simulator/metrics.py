@@ -54,12 +54,16 @@ class PageMetrics:
             at = next(i for i, f in enumerate(page)
                       if f.name == "vllm:request_decode_time_seconds") + 1
             page = page[:at] + pages.VLLM_KV_CACHE_METRICS_PAGE + page[at:]
+        self.offload = engine.offload
+        self._offload_seen = (0, 0, 0)  # loads, stores, evictions already counted
+        if self.offload is not None:
+            page = _with_host_tier(page, server)
         self.m: dict[str, Any] = {}
         model = engine.config.model
         for family in page:
             metric = _declare(family, self.registry)
             self.m[family.name] = metric
-            if family.name == pages.VLLM_CACHE_CONFIG_INFO:
+            if family.name == pages.VLLM_CACHE_CONFIG_INFO or family.lazy:
                 continue
             base = {"model_name": model}
             if "engine" in family.labels:
@@ -73,6 +77,9 @@ class PageMetrics:
         self._base = {"model_name": model}
         self._engine_index = engine_index
         self._children: dict[tuple, Any] = {}
+        if self.offload is not None and server == "vllm":
+            self._l(pages.VLLM_OFFLOAD_INFO, backend="cpu", page_cache="false",
+                    lazy_offload="false", capacity_blocks=str(self.offload.capacity)).set(1)
         if server == "vllm":
             self._set_cache_info()
             self.m["vllm:engine_sleep_state"].labels(
@@ -99,6 +106,8 @@ class PageMetrics:
         values[schemas.CACHE_INFO_NUM_GPU_BLOCKS] = str(cfg.num_blocks)
         values[schemas.CACHE_INFO_ENABLED] = str(cfg.enable_prefix_caching)
         values["engine"] = self._engine_index
+        if self.offload is not None:
+            values["simple_cpu_offload_num_blocks"] = str(self.offload.capacity)
         self.m[pages.VLLM_CACHE_CONFIG_INFO].labels(**values).set(1)
 
     # -- events from the engine ----------------------------------------------------------------
@@ -114,17 +123,23 @@ class PageMetrics:
             self._l("vllm:num_preemptions").inc()
             return
         if event == "scheduled" and req.num_preemptions == 0:
-            n, hit = req.num_prompt_tokens, req.cached_tokens
+            n, ext = req.num_prompt_tokens, req.external_cached_tokens
+            hit = req.cached_tokens - ext  # the device tier's part
             self._l("vllm:prefix_cache_queries").inc(n)
             self._l("vllm:prefix_cache_hits").inc(hit)
             self._l("vllm:prompt_tokens").inc(n)
-            self._l("vllm:prompt_tokens_cached").inc(hit)
-            self._l("vllm:prompt_tokens_by_source", source="local_compute").inc(n - hit)
+            self._l("vllm:prompt_tokens_cached").inc(hit + ext)
+            self._l("vllm:prompt_tokens_by_source", source="local_compute").inc(n - hit - ext)
             self._l("vllm:prompt_tokens_by_source", source="local_cache_hit").inc(hit)
             self._l("vllm:prompt_tokens_cached_by_source", source="device").inc(hit)
+            if self.offload is not None:  # a KV connector: external queries are device misses
+                self._l("vllm:external_prefix_cache_queries").inc(n - hit)
+                self._l("vllm:external_prefix_cache_hits").inc(ext)
+                self._l("vllm:prompt_tokens_by_source", source="external_kv_transfer").inc(ext)
+                self._l("vllm:prompt_tokens_cached_by_source", source="host").inc(ext)
             self._l("vllm:request_prompt_tokens").observe(n)
-            self._l("vllm:request_prefill_kv_computed_tokens").observe(n - hit)
-            self._l("vllm:iteration_tokens_total").observe(n - hit)
+            self._l("vllm:request_prefill_kv_computed_tokens").observe(n - hit - ext)
+            self._l("vllm:iteration_tokens_total").observe(n - hit - ext)
             if req.first_token_at is not None:
                 self._l("vllm:time_to_first_token_seconds").observe(
                     req.first_token_at - req.arrival)
@@ -162,7 +177,12 @@ class PageMetrics:
     def _sglang_event(self, event: str, req: SimRequest) -> None:
         if event == "scheduled" and req.num_preemptions == 0:
             self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
-            self._l("sglang:cached_tokens").inc(req.cached_tokens)
+            device = req.cached_tokens - req.external_cached_tokens
+            if device > 0:  # SGLang increments a source only when it served tokens
+                self._l("sglang:cached_tokens", cache_source="device").inc(device)
+            if req.external_cached_tokens > 0:
+                self._l("sglang:cached_tokens", cache_source="host").inc(
+                    req.external_cached_tokens)
             self._l("sglang:cache_hit_rate").set(self.engine.stats.last_batch_hit_rate)
             if req.first_token_at is not None:
                 self._l("sglang:time_to_first_token_seconds").observe(
@@ -186,7 +206,45 @@ class PageMetrics:
             self._l("sglang:num_running_reqs").set(running)
             self._l("sglang:num_queue_reqs").set(waiting)
             self._l("sglang:token_usage").set(usage)
+        if self.offload is not None:
+            self._refresh_host_tier()
+
+    def _refresh_host_tier(self) -> None:
+        """The host tier's gauges, and its counters brought up to the tier's own counts."""
+        eng, tier = self.engine, self.offload
+        assert tier is not None
+        with eng.lock:
+            loads, stores, evicted = tier.load_blocks, tier.stored_blocks, eng.pool.evictions
+            used, pending, held = tier.used_blocks, tier.pending_store_blocks, tier.held_blocks
+        seen_loads, seen_stores, seen_evicted = self._offload_seen
+        self._offload_seen = (loads, stores, evicted)
+        bs = eng.config.block_size
+        if self.server == "vllm":
+            if loads > seen_loads:
+                self._l("vllm:simple_kv_offload_load_blocks").inc(loads - seen_loads)
+            self._l("vllm:simple_kv_offload_used_blocks").set(used)
+            self._l("vllm:simple_kv_offload_pending_store_blocks").set(pending)
+            return
+        sched = dict(pages.SGLANG_SCHEDULER_LABELS)
+        self._l("sglang:hicache_host_used_tokens", **sched).set(held * bs)
+        self._l("sglang:hicache_host_total_tokens", **sched).set(tier.capacity * bs)
+        for name, now, before, extra in (
+                ("sglang:load_back_tokens", loads, seen_loads, {"pool": "kv"}),
+                ("sglang:hicache_backup_tokens", stores, seen_stores, {"pool": "kv"}),
+                ("sglang:evicted_tokens", evicted, seen_evicted, {})):
+            if now > before:
+                self._l(name, **sched, **extra).inc((now - before) * bs)
 
     def render(self) -> bytes:
         self.refresh_gauges()
         return generate_latest(self.registry)
+
+
+def _with_host_tier(page: tuple[pages.PageFamily, ...], server: str
+                    ) -> tuple[pages.PageFamily, ...]:
+    """The page with a host tier's families where the engine registers them."""
+    if server != "vllm":
+        return page + pages.SGLANG_HICACHE_PAGE
+    at = next(i for i, f in enumerate(page) if f.name == pages.VLLM_KV_CONNECTOR_AFTER) + 1
+    return (pages.VLLM_SIMPLE_OFFLOAD_PAGE + page[:at] + pages.VLLM_KV_CONNECTOR_PAGE
+            + page[at:])

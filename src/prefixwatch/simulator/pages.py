@@ -20,6 +20,8 @@ class PageFamily:
     #: One extra label and the values vLLM pre-initialises for it.
     preset: tuple[tuple[str, tuple[str, ...]], ...] = ()
     buckets: tuple[float, ...] = field(default=())
+    #: Children appear on the first increment (as the engine's own), not at start-up.
+    lazy: bool = False
 
 
 
@@ -277,7 +279,8 @@ SGLANG_PAGE: tuple[PageFamily, ...] = (
     PageFamily("sglang:generation_tokens", "counter", "Number of generation tokens processed.",
                labels=("model_name",)),
     PageFamily("sglang:cached_tokens", "counter",
-               "Number of cached prompt tokens.", labels=("model_name",)),
+               "Number of cached prompt tokens by source (device/host/storage).",
+               labels=("model_name", "cache_source"), lazy=True),
     PageFamily("sglang:num_requests", "counter", "Number of requests processed.",
                labels=("model_name",)),
     PageFamily("sglang:num_running_reqs", "gauge", "The number of running requests.",
@@ -290,4 +293,78 @@ SGLANG_PAGE: tuple[PageFamily, ...] = (
     PageFamily("sglang:time_to_first_token_seconds", "histogram",
                "Histogram of time to first token in seconds.", labels=("model_name",),
                buckets=SGLANG_TTFT_BUCKETS),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# A host tier (issue 13): vLLM 0.33 with SimpleCPUOffloadConnector, SGLang with HiCache.
+# From tests/fixtures/vllm_metrics_cpu_offload.txt and vllm/v1/simple_kv_offload/metrics.py;
+# SGLang's from python/sglang/srt/observability/metrics_collector.py.
+# --------------------------------------------------------------------------------------------
+
+#: The connector's families, registered before the engine's (first on vLLM's page).
+VLLM_SIMPLE_OFFLOAD_PAGE: tuple[PageFamily, ...] = (
+    PageFamily(
+        "vllm:simple_kv_offload_save_outcomes", "counter",
+        "Store admission decisions in SimpleCPUOffloadConnector, by outcome. Outcomes classify "
+        "eager-mode boundary hand-off stores; lazy-mode stores are not classified.",
+        labels=("model_name", "engine", "outcome"), lazy=True),
+    PageFamily(
+        "vllm:simple_kv_offload_load_blocks", "counter",
+        "KV blocks restored to GPU from the offload pool, counted when a load finishes. This is "
+        "prefill work avoided through offload cache hits.", lazy=True),
+    PageFamily(
+        "vllm:simple_kv_offload_used_blocks", "gauge",
+        "Offload-pool blocks currently pinned by in-flight transfers or cache hits (capacity "
+        "minus free). Evictable cached blocks are not counted; capacity_blocks is on "
+        "vllm:simple_kv_offload_info."),
+    PageFamily(
+        "vllm:simple_kv_offload_pending_store_blocks", "gauge",
+        "Offload blocks in pending stores: queued for dispatch, issued to workers, or awaiting "
+        "release after a cache reset. A persistently growing value indicates a stuck "
+        "transfer."),
+    PageFamily(
+        "vllm:simple_kv_offload_info", "gauge",
+        "SimpleCPUOffloadConnector deployment facts. Value is always 1. backend is cpu or disk; "
+        "page_cache and lazy_offload are true/false; capacity_blocks is the offload pool size.",
+        labels=("model_name", "engine", "backend", "page_cache", "lazy_offload",
+                "capacity_blocks"), lazy=True),
+)
+VLLM_OFFLOAD_INFO = "vllm:simple_kv_offload_info"
+
+#: With any KV connector vLLM adds this gauge right after num_requests_waiting_by_reason.
+VLLM_KV_CONNECTOR_PAGE: tuple[PageFamily, ...] = (
+    PageFamily(
+        "vllm:num_requests_kv_fetch_by_stage", "gauge",
+        "Number of waiting requests by async KV load stage. Stage labels: 'waiting_to_start' = "
+        "needs an async KV load that has not started; 'in_progress' = load started and not yet "
+        "reported finished; 'completed_waiting' = load finished, request not running yet.",
+        preset=(("stage", ("waiting_to_start", "in_progress", "completed_waiting")),)),
+)
+VLLM_KV_CONNECTOR_AFTER = "vllm:num_requests_waiting_by_reason"
+
+#: Scheduler and radix-cache collectors' labels, and the values of a single-GPU server.
+SGLANG_SCHEDULER_LABELS: tuple[tuple[str, str], ...] = (
+    ("engine_type", "unified"), ("tp_rank", "0"), ("pp_rank", "0"), ("moe_ep_rank", "0"))
+_SCHED = ("model_name", *(k for k, _ in SGLANG_SCHEDULER_LABELS))
+
+#: HiCache families, only on a server started with --enable-hierarchical-cache.
+SGLANG_HICACHE_PAGE: tuple[PageFamily, ...] = (
+    PageFamily("sglang:hicache_host_used_tokens", "gauge",
+               "Number of tokens currently used in the host KV cache.", labels=_SCHED),
+    PageFamily("sglang:hicache_host_total_tokens", "gauge",
+               "Total capacity of the host KV cache in tokens.", labels=_SCHED),
+    PageFamily("sglang:evicted_tokens", "counter",
+               "The number of device KV token slots freed by eviction, regardless of whether "
+               "the data was backed up to host (see sglang:hicache_backup_tokens_total) or "
+               "destroyed (see sglang:hicache_dropped_tokens_total).", labels=_SCHED,
+               lazy=True),
+    PageFamily("sglang:load_back_tokens", "counter",
+               "The number of tokens loaded back from local host DRAM (L2) to GPU, by host "
+               "pool (kv, swa, mamba, ...).", labels=(*_SCHED, "pool"), lazy=True),
+    PageFamily("sglang:hicache_backup_tokens", "counter",
+               "The number of tokens backed up from GPU to local host DRAM (L2), by host pool "
+               "(kv, swa, mamba, ...). Covers all D->H backups regardless of "
+               "--hicache-write-policy. Distinct from the host-to-storage (L3) "
+               "sglang:backuped_tokens_total.", labels=(*_SCHED, "pool"), lazy=True),
 )

@@ -127,6 +127,7 @@ class Scenario:
     replicas: int = 1
     routing: str = "round-robin"  # or prefix-affinity
     num_blocks: int | None = None  # a pool size that shows the effect
+    offload_blocks: int | None = None  # a host (CPU) tier behind the pool, in blocks
     lora_modules: tuple[str, ...] = field(default=())
     expected_hit_rate: str = ""
 
@@ -255,6 +256,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "holds half the prefixes, which fit.", "none (fix for round-robin)",
              _many_tenants(24), replicas=2, routing="prefix-affinity", num_blocks=2200,
              expected_hit_rate="~85%"),
+    Scenario("offload-rescue", "16 tenants with their own system prompt and a device pool "
+             "that holds about 7 of them; a host (CPU) tier of 8,192 blocks catches what the "
+             "pool evicts: the device ratio is low, the effective ratio stays high.",
+             "none: a second tier serves what the device pool evicted", _many_tenants(16),
+             num_blocks=1000, offload_blocks=8192,
+             expected_hit_rate="~42% device + ~43% host = ~85% effective"),
+    Scenario("offload-idle", "The timestamp-at-top workload with a host tier: every block is "
+             "stored to host memory and none is ever asked for again, while the device pool "
+             "misses almost everything.", "a second tier that stores but serves nothing",
+             _timestamp_top, offload_blocks=8192, expected_hit_rate="~1% device, ~0% host"),
 )}
 
 
@@ -267,6 +278,8 @@ def describe() -> str:
             extra.append(f"{s.replicas} replicas, {s.routing}")
         if s.num_blocks:
             extra.append(f"KV pool {s.num_blocks} blocks")
+        if s.offload_blocks:
+            extra.append(f"host tier {s.offload_blocks} blocks")
         note = f" [{'; '.join(extra)}]" if extra else ""
         lines.append(f"{s.name.ljust(width)}  expected hit rate {s.expected_hit_rate}{note}\n"
                      f"{' ' * width}  {s.summary}\n{' ' * width}  runbook cause: {s.cause}")
