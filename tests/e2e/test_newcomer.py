@@ -1,0 +1,133 @@
+"""A newcomer's first minutes, scripted: `prefixwatch demo --time-scale 0.05` with the real
+Prometheus and Alertmanager pages in its own terminal, every URL it prints answers, and a
+second demo started right after the first one stops runs on the same ports.
+
+The slowest test of the suite (about a minute and a half): the whole story, healthy, then the
+regression, then the page, runs in compressed real time.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import free_port, require_binary
+
+PAGE_WITHIN = 120.0  # seconds from start, the acceptance bound
+URL = re.compile(r"http://127\.0\.0\.1:\d+[^\s,)]*")
+READY_LINE = "Ctrl-C stops everything."
+
+
+class Demo:
+    """One `prefixwatch demo` process, its output read line by line as it comes."""
+
+    def __init__(self, ports: list[str], tmp: Path) -> None:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("VLLM_TARGETS", "PREFIXWATCH_TARGETS",
+                            "PREFIXWATCH_PAGER_WEBHOOK_URL", "PREFIXWATCH_TICKET_WEBHOOK_URL")}
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "prefixwatch.cli", "demo", "--time-scale", "0.05",
+             "--sim-port", "0", *ports, "--duration", "300s"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        self.err: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines), daemon=True
+                         ).start()
+        self._err_thread = threading.Thread(target=self._collect, daemon=True)
+        self._err_thread.start()
+
+    @staticmethod
+    def _pump(stream, sink: queue.Queue[str]) -> None:
+        for line in stream:
+            sink.put(line.rstrip("\n"))
+
+    def _collect(self) -> None:
+        for line in self.proc.stderr:
+            self.err.append(line)
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"demo exited: {''.join(self.err)[-2000:]}"
+                continue
+            self.out.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"{text!r} not printed within {timeout:g}s; stdout: "
+                             f"{self.out}; stderr: {''.join(self.err)[-2000:]}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self._err_thread.join(timeout=5)
+        while not self.lines.empty():
+            self.out.append(self.lines.get())
+        return code
+
+
+def assert_urls_answer(lines: list[str]) -> list[str]:
+    urls = [u for line in lines for u in URL.findall(line)]
+    assert len(urls) >= 7, lines  # 2 replicas, exporter, alerts, graph, Alertmanager, pages
+    for url in urls:
+        status = requests.get(url, timeout=10).status_code
+        assert status == 200, f"{url} answered {status}"
+    return urls
+
+
+@pytest.mark.integration
+def test_newcomer_walk(tmp_path: Path) -> None:
+    require_binary("prometheus", "prometheus")
+    require_binary("prometheus-alertmanager", "prometheus-alertmanager")
+    ports = ["--listen-address", f"127.0.0.1:{free_port()}",
+             "--prometheus-port", str(free_port()), "--alertmanager-port", str(free_port())]
+    first = Demo(ports, tmp_path)
+    try:
+        first.wait_for(READY_LINE, 60)
+        summary = list(first.out)
+        assert_urls_answer(summary)
+        assert any("Grafana:" in line and "/dashboards/*.json" in line for line in summary)
+        dashboards = next(re.search(r"import (\S+)/\*\.json", line).group(1)
+                          for line in summary if "Grafana:" in line)
+        assert sorted(p.name for p in Path(dashboards).glob("*.json")) == [
+            "prefixwatch-overview.json", "prefixwatch-replica.json"]
+        page = first.wait_for("PAGE: PrefixCacheHitRateLow",
+                              PAGE_WITHIN - (time.monotonic() - first.started))
+        assert "critical" in page
+        assert first.wait_for("diagnosis:", 5).strip().startswith("diagnosis: prefix_divergence")
+        assert "runbooks.md#prefixcachehitratelow" in first.wait_for("runbook:", 5)
+        page_after = time.monotonic() - first.started
+    finally:
+        code = first.stop()
+    assert code == 0, "".join(first.err)[-2000:]
+    second = Demo(ports, tmp_path)
+    try:
+        second.wait_for(READY_LINE, 60)
+        assert_urls_answer(second.out)
+    finally:
+        second_code = second.stop()
+    assert second_code == 0, "".join(second.err)[-2000:]
+    for demo in (first, second):
+        text = "\n".join(demo.out) + "".join(demo.err)
+        assert "Traceback" not in text and "Error" not in "".join(demo.err), text[-3000:]
+        assert "demo stopped" in "".join(demo.err)
+    print(f"page printed {page_after:.0f}s after the demo started")
