@@ -1,0 +1,129 @@
+"""A small client for Prometheus' HTTP API: instant and range queries, one deadline each.
+
+`requests` timeouts bound each socket operation, not the whole answer, so the body is read in
+chunks against one deadline per request, and capped in size: a slow or huge answer is a clear
+error, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from prefixwatch.core.errors import ConfigError
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+#: Prometheus refuses a range query of more than 11,000 points per series.
+MAX_POINTS = 11_000
+
+
+class ReportError(ConfigError):
+    """Prometheus cannot be read, or holds nothing to report on (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a query's answer: its labels and (unix time, value) samples."""
+
+    labels: dict[str, str]
+    samples: list[tuple[float, float]]
+
+    @property
+    def times(self) -> list[float]:
+        return [t for t, _ in self.samples]
+
+    @property
+    def values(self) -> list[float]:
+        return [v for _, v in self.samples]
+
+
+class PromClient:
+    """Read-only access to one Prometheus server."""
+
+    def __init__(self, base_url: str, timeout: float = 15.0,
+                 session: requests.Session | None = None) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ReportError(f"--prometheus must be an http(s) URL, not {base_url!r}")
+        self.base = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _get(self, path: str, params: dict[str, Any]) -> Any:
+        url = f"{self.base}{path}"
+        deadline = time.monotonic() + self.timeout
+        params = {**params, "timeout": f"{max(1, int(self.timeout))}s"}
+        try:
+            resp = self.session.get(url, params=params, stream=True,
+                                    timeout=(min(5.0, self.timeout), self.timeout))
+            body = bytearray()
+            for chunk in resp.iter_content(64 * 1024):
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise ReportError(f"{url}: answer larger than {MAX_BODY_BYTES} bytes; "
+                                      "narrow the range")
+                if time.monotonic() > deadline:
+                    raise ReportError(f"{url}: no complete answer within {self.timeout:g}s")
+            resp.close()
+        except requests.ConnectionError as exc:
+            raise ReportError(f"cannot reach Prometheus at {self.base}: "
+                              f"{_reason(exc)}") from None
+        except requests.Timeout:
+            raise ReportError(f"Prometheus at {self.base} did not answer within "
+                              f"{self.timeout:g}s") from None
+        except requests.RequestException as exc:
+            raise ReportError(f"cannot query Prometheus at {self.base}: {_reason(exc)}") from None
+        try:
+            payload = json.loads(bytes(body))
+        except ValueError:
+            raise ReportError(f"{url} answered HTTP {resp.status_code} with something other "
+                              "than JSON: is this a Prometheus server?") from None
+        if not isinstance(payload, dict) or payload.get("status") != "success":
+            error = payload.get("error") if isinstance(payload, dict) else None
+            raise ReportError(f"Prometheus refused the query ({resp.status_code}): "
+                              f"{error or 'no reason given'}")
+        return payload.get("data")
+
+    def query(self, expr: str, at: float) -> list[Series]:
+        """An instant query at ``at``; a range selector gives raw samples (a matrix)."""
+        data = self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+        return _series(data)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
+        step = max(step, (end - start) / MAX_POINTS, 0.001)
+        data = self._get("/api/v1/query_range", {
+            "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"})
+        return _series(data)
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("Connection refused", "Name or service not known", "timed out",
+                   "No route to host", "Temporary failure in name resolution"):
+        if marker in text:
+            return marker.lower()
+    return type(exc).__name__
+
+
+def _series(data: Any) -> list[Series]:
+    if not isinstance(data, dict):
+        return []
+    kind, result = data.get("resultType"), data.get("result") or []
+    out = []
+    for item in result:
+        labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+        if kind == "matrix":
+            samples = [(float(t), float(v)) for t, v in item.get("values") or []]
+        elif kind == "vector":
+            t, v = item["value"]
+            samples = [(float(t), float(v))]
+        else:
+            continue
+        out.append(Series(labels, samples))
+    return out
