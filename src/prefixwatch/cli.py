@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_dashboards_parser(sub)
     add_audit_parser(sub)
     add_demo_parser(sub)
+    from prefixwatch.report.cli import add_report_parser
+
+    add_report_parser(sub)
     parser.set_defaults(_subparsers=sub.choices)
     return parser
 
@@ -188,6 +191,20 @@ def run_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_report(args: argparse.Namespace) -> int:
+    """The report takes the threshold as a parameter: --threshold, else the mixin config's."""
+    from prefixwatch.mixin.rules import RulesConfigError, load_config
+    from prefixwatch.report.cli import run_report as write
+
+    threshold = args.threshold
+    if threshold is None and args.config:
+        try:
+            threshold = load_config(args.config).threshold
+        except RulesConfigError as exc:
+            raise ConfigError(str(exc)) from exc
+    return write(args, names.DEFAULT_HIT_RATIO_THRESHOLD if threshold is None else threshold)
+
+
 def run_status(args: argparse.Namespace) -> int:
     from prefixwatch.exporter.status import collect_status, render
 
@@ -223,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands["dashboards"] = run_dashboards
     commands["audit"] = run_audit
     commands["demo"] = run_demo
+    commands["report"] = run_report
     try:
         code = commands[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
