@@ -188,6 +188,8 @@ def test_readme_table_matches_the_tests() -> None:
     expected = {f"`{name}`": cs for name, cs in EXPECTED.items()}
     expected["`pool-pressure`"] = {"eviction_pressure"}
     expected["`round-robin`"] = {"routing_spread"}
+    expected["`offload-rescue`"] = {"eviction_pressure"}  # device view, until issue 13 part B
+    expected["`offload-idle`"] = {"prefix_divergence"}
     expected["`static-system-prompt`, `--no-prefix-caching`"] = {"caching_disabled"}
     expected["`static-system-prompt`, `--restart-at`"] = {"cold_start"}
     assert set(rows) == set(expected)

@@ -26,7 +26,8 @@ from prefixwatch.simulator import pages
 from prefixwatch.simulator.engine import Engine, SimRequest
 
 
-def _declare(family: pages.PageFamily, registry: CollectorRegistry) -> Any:
+def _declare(family: pages.PageFamily, registry: CollectorRegistry,
+             max_model_len: int = 32768) -> Any:
     labels = list(family.labels) + [name for name, _ in family.preset]
     if family.name == pages.VLLM_CACHE_CONFIG_INFO:
         labels = sorted({k for k, _ in pages.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
@@ -34,7 +35,10 @@ def _declare(family: pages.PageFamily, registry: CollectorRegistry) -> Any:
     if family.kind == "counter":
         return Counter(family.name, family.help, **kwargs)
     if family.kind == "histogram":
-        return Histogram(family.name, family.help, buckets=family.buckets, **kwargs)
+        buckets = family.buckets
+        if family.name in pages.VLLM_MAX_MODEL_LEN_BUCKETS:
+            buckets = pages.buckets_1_2_5(max_model_len)
+        return Histogram(family.name, family.help, buckets=buckets, **kwargs)
     return Gauge(family.name, family.help, **kwargs)
 
 
@@ -61,7 +65,7 @@ class PageMetrics:
         self.m: dict[str, Any] = {}
         model = engine.config.model
         for family in page:
-            metric = _declare(family, self.registry)
+            metric = _declare(family, self.registry, engine.config.max_model_len)
             self.m[family.name] = metric
             if family.name == pages.VLLM_CACHE_CONFIG_INFO or family.lazy:
                 continue

@@ -206,6 +206,26 @@ VLLM_V1_PAGE: tuple[PageFamily, ...] = (
         labels=('engine',)),
 )
 
+#: Histograms whose buckets vLLM builds as 1-2-5 steps up to max_model_len
+#: (build_1_2_5_buckets in vllm/v1/metrics/loggers.py); the table above has max_model_len 32768.
+VLLM_MAX_MODEL_LEN_BUCKETS = frozenset({
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens",
+    "vllm:request_prefill_kv_computed_tokens"})
+
+
+def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value``, as vLLM's build_1_2_5_buckets."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(out)
+            out.append(float(m * scale))
+        scale *= 10
+
+
 #: With ``--kv-cache-metrics`` vLLM adds these block-residency histograms (sampled blocks,
 #: ``--kv-cache-metrics-sample``), from vllm/v1/metrics/loggers.py.
 KV_RESIDENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
@@ -351,9 +371,10 @@ _SCHED = ("model_name", *(k for k, _ in SGLANG_SCHEDULER_LABELS))
 #: HiCache families, only on a server started with --enable-hierarchical-cache.
 SGLANG_HICACHE_PAGE: tuple[PageFamily, ...] = (
     PageFamily("sglang:hicache_host_used_tokens", "gauge",
-               "Number of tokens currently used in the host KV cache.", labels=_SCHED),
+               "Number of tokens currently used in the host KV cache.", labels=_SCHED,
+               lazy=True),
     PageFamily("sglang:hicache_host_total_tokens", "gauge",
-               "Total capacity of the host KV cache in tokens.", labels=_SCHED),
+               "Total capacity of the host KV cache in tokens.", labels=_SCHED, lazy=True),
     PageFamily("sglang:evicted_tokens", "counter",
                "The number of device KV token slots freed by eviction, regardless of whether "
                "the data was backed up to host (see sglang:hicache_backup_tokens_total) or "
