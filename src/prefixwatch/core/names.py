@@ -20,6 +20,17 @@ DEFAULT_TARGET = "http://localhost:8000/metrics"
 DEFAULT_INTERVAL_SECONDS = 5.0
 DEFAULT_TIMEOUT_SECONDS = 3.0
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Limits on what one target's page may make the exporter write (docs/configuration.md#limits);
+# past a limit the extra series are dropped and counted (reasons too_many_series,
+# label_too_long). The defaults fit a vLLM page with 20 models, LoRA adapters and 8 engines.
+DEFAULT_MAX_SERIES = 512           # (model, engine) pairs per target
+DEFAULT_MAX_MODELS = 64            # distinct model_name values per target
+DEFAULT_MAX_LABEL_LENGTH = 512     # characters in one label value
+DEFAULT_MAX_BUCKETS = 256          # buckets of one histogram
+#: A counter above this is not a count but a broken or hostile page (invalid_value).
+MAX_COUNTER_VALUE = 2.0 ** 63
+#: /healthz fails when no target was polled (whatever the outcome) within this many intervals.
+HEALTHZ_STALE_INTERVALS = 3
 #: Windows over which the exporter derives hit ratios and TTFT quantiles.
 DEFAULT_WINDOWS: tuple[str, ...] = ("1m", "5m", "15m", "1h")
 LIFETIME_WINDOW = "lifetime"
@@ -147,7 +158,7 @@ OUT_SCRAPE_ERRORS = OutMetric(
     "prefixwatch_scrape_errors", "counter",
     "Failed polls of the target, by reason.", (L_TARGET, L_REASON))
 OUT_LAST_SUCCESS = OutMetric(
-    "prefixwatch_last_successful_scrape_timestamp_seconds", "gauge",
+    "prefixwatch_target_last_success_timestamp_seconds", "gauge",
     "Unix time of the last successful poll of the target.", (L_TARGET,))
 OUT_ROUND_DURATION = OutMetric(
     "prefixwatch_poll_round_duration_seconds", "gauge",
@@ -217,7 +228,10 @@ SCRAPE_ERROR_REASONS: tuple[str, ...] = (
     "too_large",      # the body passed the size cap
     "not_metrics",    # HTML error page, or a page without any known engine family
     "parse",          # malformed or truncated exposition, duplicate series
-    "invalid_value",  # NaN or negative counter
+    "invalid_value",  # NaN, infinite, negative or absurdly large (> 2**63) counter
+    # Not failures: the page was read, but some of its series were dropped.
+    "too_many_series",  # past max_series, max_models or max_buckets of the target
+    "label_too_long",   # a label value longer than max_label_length
 )
 
 

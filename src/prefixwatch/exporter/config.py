@@ -6,6 +6,7 @@ Everything has a default that works next to a vLLM on localhost with no configur
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,15 @@ class TargetConfig:
     tls_verify: bool = True
     ca_file: str | None = None
     max_body_bytes: int = names.DEFAULT_MAX_BODY_BYTES
+    max_series: int = names.DEFAULT_MAX_SERIES
+    max_models: int = names.DEFAULT_MAX_MODELS
+    max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
+    max_buckets: int = names.DEFAULT_MAX_BUCKETS
+
+    @property
+    def display_url(self) -> str:
+        """The URL as it may be shown anywhere: without user-info or query values."""
+        return redact_url(self.url)
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class ExporterConfig:
     cold_start: str = causes.COLD_START
     thresholds: DiagnosisThresholds = DiagnosisThresholds()
     requests_log: RequestsLogConfig | None = None
+    web_config_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,14 +70,31 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+_USERINFO = re.compile(r"(?<=//)[^/?#@\s]*@")
+_QUERY_VALUE = re.compile(r"(?<=[?&;])([^=&;#\s]*)=[^&;#\s]*")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with user-info and query values replaced by ``***``; works on URLs that do not
+    parse, so an error message about a bad URL never shows its password either."""
+    url = _USERINFO.sub("***@", url)
+    return _QUERY_VALUE.sub(r"\1=***", url)
+
+
 def validate_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"target {url!r} is not an http(s) URL")
     try:
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise ConfigError(f"target {url!r}: {exc}") from exc
+        parts = urlsplit(url)
+        port_error = None
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            port_error = str(exc)
+    except ValueError:
+        raise ConfigError(f"target {redact_url(url)!r} is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"target {redact_url(url)!r} is not an http(s) URL")
+    if port_error:
+        raise ConfigError(f"target {redact_url(url)!r}: {port_error}")
     return url
 
 
@@ -83,7 +111,7 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
     named: list[TargetConfig] = []
     for target, name in zip(targets, names, strict=True):
         if not target.name and names.count(name) > 1:
-            name = target.url
+            name = target.display_url  # never the credential in the URL
         named.append(replace(target, name=name))
     labels = [t.name for t in named]
     duplicates = sorted({n for n in labels if labels.count(n) > 1})
@@ -92,10 +120,11 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
     return tuple(named)
 
 
+_LIMIT_KEYS = ("max_body_bytes", "max_series", "max_models", "max_label_length", "max_buckets")
 _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
-                "max_body_bytes"}
+                *_LIMIT_KEYS}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
-             "target_defaults", "diagnosis", "requests_log"}
+             "target_defaults", "diagnosis", "requests_log", "web_config_file"}
 _DIAGNOSIS_KEYS = {"window", "cold_start"} | set(DiagnosisThresholds.__dataclass_fields__)
 _REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
 
@@ -164,12 +193,12 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
             bearer_token_file=merged.get("bearer_token_file"),
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
-            max_body_bytes=int(merged.get("max_body_bytes", names.DEFAULT_MAX_BODY_BYTES)),
+            **{k: int(merged[k]) for k in _LIMIT_KEYS if merged.get(k) is not None},
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    if target.timeout <= 0 or target.max_body_bytes <= 0:
-        raise ConfigError(f"{where}: timeout and max_body_bytes must be positive")
+    if target.timeout <= 0 or any(getattr(target, k) <= 0 for k in _LIMIT_KEYS):
+        raise ConfigError(f"{where}: timeout and {', '.join(_LIMIT_KEYS)} must be positive")
     for path in (target.bearer_token_file, target.ca_file):
         if path and not Path(path).is_file():
             raise ConfigError(f"{where}: file {path!r} does not exist")
@@ -197,6 +226,8 @@ def build_config(
     ca_file: str | None = None,
     insecure_skip_verify: bool = False,
     max_body_bytes: int | None = None,
+    limits: dict[str, int | None] | None = None,
+    web_config_file: str | None = None,
     diagnosis_window: str | None = None,
     cold_start: str | None = None,
     requests_log: dict[str, Any] | None = None,
@@ -213,6 +244,11 @@ def build_config(
             defaults[key] = value
     if insecure_skip_verify:
         defaults["tls_verify"] = False
+    for key, value in (limits or {}).items():
+        if key not in _LIMIT_KEYS:
+            raise ConfigError(f"unknown limit {key!r}")
+        if value is not None:
+            defaults[key] = value
 
     if targets:
         entries: list[Any] = list(targets)
@@ -250,6 +286,7 @@ def build_config(
             cold_start=cold_start or file_cold or causes.COLD_START,
             thresholds=thresholds,
             requests_log=log_cfg,
+            web_config_file=web_config_file or data.get("web_config_file") or None,
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc

@@ -34,7 +34,7 @@ def render_landing(exporter: Exporter) -> str:
                 for (target, model) in sorted(exporter.state.diagnosis.causes)
                 if target == mon.name) if mon.up else ""
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            mon.name, mon.target.url, state, schema, ratios, causes, error)) + "</tr>")
+            mon.name, mon.target.display_url, state, schema, ratios, causes, error)) + "</tr>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
         "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style>"

@@ -30,6 +30,7 @@ from prefixwatch.exporter.config import TargetConfig
 from prefixwatch.exporter.pagereader import (
     LabelCache,
     PageError,
+    PageLimits,
     SeriesKey,
     SeriesValues,
     Snapshot,
@@ -116,6 +117,8 @@ class TargetMonitor:
         self._last_reset: dict[SeriesKey, float] = {}
         self._fetcher: Fetcher | None = None
         self._labels = LabelCache()
+        self._limits = PageLimits(target.max_series, target.max_models,
+                                  target.max_label_length, target.max_buckets)
         self.lock = threading.Lock()
         # Read by the collector (under lock).
         self.up = False
@@ -130,6 +133,11 @@ class TargetMonitor:
         self.models: dict[str, ModelFigures] = {}
         self._state: tuple[bool, str | None] | None = None
         self._schema: str | None = None
+        self._switches: set[tuple[str, str]] = set()  # schema changes already logged
+        #: What the last page lost to a limit ("" when nothing): shown on the landing page.
+        self.limit_note = ""
+        #: time.monotonic() when the last poll ended, whatever its outcome (for /healthz).
+        self.last_polled: float | None = None
 
     def close(self) -> None:
         """Release the target's HTTP connections."""
@@ -151,7 +159,8 @@ class TargetMonitor:
             return
         except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
             log.exception("target %s: unexpected error while fetching", self.name)
-            self._fail(PageError("connect", f"unexpected: {exc}"), time.monotonic() - started)
+            self._fail(PageError("connect", f"unexpected: {type(exc).__name__}"),
+                       time.monotonic() - started)
             return
         self.ingest(text, time.time(), duration_started=started)
 
@@ -159,23 +168,34 @@ class TargetMonitor:
         """Read a page's text as if just polled at ``now``; never raises."""
         started = duration_started if duration_started is not None else time.monotonic()
         try:
-            snapshot = read_page(text, self._labels)
+            snapshot = read_page(text, self._labels, self._limits)
         except PageError as exc:
             self._fail(exc, time.monotonic() - started)
             return
         except Exception as exc:  # pragma: no cover - same as above
             log.exception("target %s: unexpected error while reading the page", self.name)
-            self._fail(PageError("parse", f"unexpected: {exc}"), time.monotonic() - started)
+            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
+                       time.monotonic() - started)
             return
+        note = ", ".join(f"{n} dropped ({reason})" for reason, n in sorted(
+            snapshot.dropped.items()))
         with self.lock:
             self._accept(snapshot, now)
+            for reason in snapshot.dropped:
+                self.errors[reason] = self.errors.get(reason, 0) + 1
             self.scrape_duration = time.monotonic() - started
             self.last_success = now
+            self.last_polled = time.monotonic()
             self.up = True
             self.polled = True
             self.reason = None
             self.last_error = ""
+            changed = note != self.limit_note
+            self.limit_note = note
         self._log_state(True, None, "")
+        if changed and note:
+            log.warning("target %s: over a limit, series left out: %s (docs/configuration.md"
+                        "#limits)", self.name, note)
 
     def _fail(self, exc: PageError, duration: float) -> None:
         with self.lock:
@@ -185,6 +205,7 @@ class TargetMonitor:
             self.reason = exc.reason
             self.last_error = exc.detail
             self.scrape_duration = duration
+            self.last_polled = time.monotonic()
             self.models = {}
         self._log_state(False, exc.reason, exc.detail)
 
@@ -209,10 +230,15 @@ class TargetMonitor:
         schema = snapshot.schema
         if schema.schema != self._schema:
             if self._schema is not None:
-                log.warning("target %s changed metric schema: %s -> %s; history restarted",
-                            self.name, self._schema, schema.schema)
+                # Once per kind of change: a target that flips between engines on every
+                # poll says so once, then quietly (the history restarts each time).
+                switch = (self._schema, schema.schema)
+                level = logging.DEBUG if switch in self._switches else logging.WARNING
+                self._switches.add(switch)
+                log.log(level, "target %s changed metric schema: %s -> %s; history restarted",
+                        self.name, self._schema, schema.schema)
                 self.series = {}
-            if not schema.windows_supported:
+            elif not schema.windows_supported:
                 log.warning("target %s: %s", self.name, schema.note)
             self._schema = schema.schema
         fresh: dict[SeriesKey, SeriesState] = {}

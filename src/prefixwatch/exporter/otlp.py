@@ -54,7 +54,7 @@ class OtlpBridge:
                 "service.version": __version__,
                 "service.instance.id": socket.gethostname(),
                 "prefixwatch.target": mon.name,
-                "url.full": mon.target.url,
+                "url.full": mon.target.display_url,
             })
             reader = PeriodicExportingMetricReader(
                 OTLPMetricExporter(endpoint=self.endpoint, timeout=timeout),

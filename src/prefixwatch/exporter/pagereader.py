@@ -69,6 +69,54 @@ class Snapshot:
 
     schema: SourceSchema
     series: dict[SeriesKey, SeriesValues]
+    #: Series (or label sets) left out by a limit, by reason (too_many_series, label_too_long).
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PageLimits:
+    """How much of one page the exporter takes; the rest is dropped and counted."""
+
+    max_series: int = names.DEFAULT_MAX_SERIES
+    max_models: int = names.DEFAULT_MAX_MODELS
+    max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
+    max_buckets: int = names.DEFAULT_MAX_BUCKETS
+
+    @property
+    def max_block(self) -> int:
+        """A label block longer than this cannot hold only short values (vLLM's have a
+        handful of labels); it is dropped unparsed, so a 3 MiB label costs a len()."""
+        return 16 * self.max_label_length + 256
+
+
+class _Admission:
+    """Which (model, engine) series of a page are kept under the limits, in page order."""
+
+    def __init__(self, limits: PageLimits) -> None:
+        self.limits = limits
+        self.keys: set[SeriesKey] = set()
+        self.models: set[str] = set()
+        self.rejected: set[SeriesKey] = set()
+        self.dropped: dict[str, int] = {}
+
+    def model_full(self, model: str) -> bool:
+        return model not in self.models and len(self.models) >= self.limits.max_models
+
+    def admit(self, key: SeriesKey) -> bool:
+        if key in self.keys:
+            return True
+        if key in self.rejected:
+            return False
+        if len(self.keys) >= self.limits.max_series or self.model_full(key[0]):
+            self.rejected.add(key)
+            self.drop("too_many_series")
+            return False
+        self.keys.add(key)
+        self.models.add(key[0])
+        return True
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
 def detect_schema(text: str) -> SourceSchema | None:
@@ -155,10 +203,24 @@ _WANTED: dict[str, frozenset[str]] = {
 }
 
 
-def read_page(text: str, labels: LabelCache | None = None) -> Snapshot:
+def _quick_model(block: str) -> str | None:
+    """The model_name value of a label block without parsing it (None when escaped)."""
+    for probe in ('{model_name="', ',model_name="'):
+        at = block.find(probe)
+        if at >= 0:
+            start = at + len(probe)
+            end = block.find('"', start)
+            value = block[start:end]
+            return None if end < 0 or "\\" in value else value
+    return None
+
+
+def read_page(text: str, labels: LabelCache | None = None,
+              limits: PageLimits | None = None) -> Snapshot:
     """Parse a /metrics body into a Snapshot, or raise PageError with a reason.
 
-    ``labels`` lets each target keep its own memo of label blocks.
+    ``labels`` lets each target keep its own memo of label blocks; ``limits`` bound what the
+    page can make the exporter hold and write (extra series are dropped and counted).
     """
     if not text.strip():
         raise PageError("not_metrics", "empty page")
@@ -171,11 +233,25 @@ def read_page(text: str, labels: LabelCache | None = None) -> Snapshot:
     if schema is None:
         raise PageError("not_metrics", "no vLLM or SGLang prefix-cache metrics on the page")
     cache = labels if labels is not None else _SHARED_LABELS
-    samples = [
-        (name, cache.parse(block), _parse_value(name, rest))
-        for name, block, rest in select_samples(text, _WANTED[schema.schema])
-    ]
-    return _normalize(schema, samples)
+    admission = _Admission(limits or PageLimits())
+    max_block, max_len = admission.limits.max_block, admission.limits.max_label_length
+    samples = []
+    for name, block, rest in select_samples(text, _WANTED[schema.schema]):
+        if len(block) > max_block:
+            admission.drop("label_too_long")
+            continue
+        model = _quick_model(block)
+        if model is not None and admission.model_full(model):
+            admission.drop("too_many_series")  # not even parsed: 10,000 models cost little
+            continue
+        parsed = cache.parse(block)
+        if any(len(v) > max_len for v in parsed.values()):
+            admission.drop("label_too_long")
+            continue
+        samples.append((name, parsed, _parse_value(name, rest)))
+    snapshot = _normalize(schema, samples, admission)
+    snapshot.dropped = admission.dropped
+    return snapshot
 
 
 def _series_key(schema: SourceSchema, labels: dict[str, str]) -> SeriesKey | None:
@@ -210,7 +286,8 @@ def _role_tables(schema: SourceSchema) -> tuple[dict[str, list[tuple[str, str]]]
 _ROLES = {s.schema: _role_tables(s) for s in schemas.SCHEMAS}
 
 
-def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]]) -> Snapshot:
+def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]],
+               admission: _Admission) -> Snapshot:
     roles_by_sample, hist_roles = _ROLES[schema.schema]
     series: dict[SeriesKey, SeriesValues] = {}
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
@@ -230,7 +307,10 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
             continue
         if name == schema.cache_config_info:
             # vLLM labels it with the engine index but not the model name.
-            cache_info[key[1]] = dict(labels)
+            if key[1] in cache_info or len(cache_info) < admission.limits.max_series:
+                cache_info[key[1]] = dict(labels)
+            continue
+        if not admission.admit(key):
             continue
         if name == schema.realtime_tokens:
             _check_counter(name, value)
@@ -244,9 +324,11 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
                 if kind == "counter":
                     _check_counter(name, value)
                     values.counters[role_name] = values.counters.get(role_name, 0.0) + value
+                    _check_counter(name, values.counters[role_name])
                 elif kind == "created":
-                    values.created[role_name] = value
-                elif not math.isnan(value):
+                    if math.isfinite(value):
+                        values.created[role_name] = value
+                elif math.isfinite(value):
                     values.gauges[role_name] = value
             continue
         hrole = hist_roles.get(name)
@@ -268,6 +350,9 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
             hist_count[hkey] = hist_count.get(hkey, 0.0) + value
 
     for (key, hrole), bucket in buckets.items():
+        if len(bucket) > admission.limits.max_buckets:
+            admission.drop("too_many_series")  # every bucket is a series of ours
+            continue
         bounds = tuple(sorted(bucket))
         if not bounds or not math.isinf(bounds[-1]):
             raise PageError("parse", f"histogram {hrole} has no +Inf bucket")
@@ -290,5 +375,8 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
 
 
 def _check_counter(name: str, value: float) -> None:
-    if math.isnan(value) or value < 0:
-        raise PageError("invalid_value", f"{name} is {value}: a counter must be a number >= 0")
+    """A counter is a finite count: NaN, +Inf, negative and 1e308-ish values (which overflow
+    to +Inf once summed or differenced) make the whole page untrustworthy."""
+    if not 0 <= value <= names.MAX_COUNTER_VALUE:
+        raise PageError("invalid_value", f"{name} is {value:g}: a counter must be a finite "
+                                         "number >= 0")

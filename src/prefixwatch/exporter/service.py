@@ -1,26 +1,38 @@
-"""The sidecar: poll targets concurrently on an interval, serve /metrics, /healthz and /."""
+"""The sidecar: poll each target on its own schedule, serve /metrics, /healthz and /.
+
+Each target has its own due time; a scheduler hands due targets to a fixed pool of poll
+workers and never starts a target's poll while its previous one is still running. Every poll
+ends by its target's deadline (scrape.py), so a slow target costs only its own polls. Every
+``interval`` a housekeeping tick recomputes the diagnosis and runs the after-round hooks.
+"""
 
 from __future__ import annotations
 
+import heapq
 import logging
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
+from prefixwatch.core import names
 from prefixwatch.core.diagnosis import Diagnosis, diagnose
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
+from prefixwatch.exporter import scrape
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
+from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
+from prefixwatch.exporter.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("prefixwatch.exporter")
 
@@ -51,22 +63,36 @@ class Exporter:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, min(MAX_POLL_THREADS, len(self.monitors))),
-            thread_name_prefix="poll")
+        self.web = (load_web_config(config.web_config_file) if config.web_config_file
+                    else WebConfig())
+        self._workers = max(1, min(MAX_POLL_THREADS, len(self.monitors)))
         self._stop = threading.Event()
         self.rounds = 0
         self.round_listeners: list = []  # callables run after each round (OTLP export)
-        self._server: ThreadingHTTPServer | None = None
+        self._server: BoundedHTTPServer | None = None
         self._threads: list[threading.Thread] = []
         self._active: dict[tuple[str, str], list[str]] = {}
+        self._jobs: queue.Queue[TargetMonitor | None] = queue.Queue()
+        self._busy: set[str] = set()  # targets whose poll is queued or running
+        self._busy_lock = threading.Lock()
+        self._started = time.monotonic()
 
     # -- polling -------------------------------------------------------------------------------
 
     def poll_round(self) -> float:
-        """Poll every target once, concurrently; returns the seconds it took."""
+        """Poll every target once, concurrently, then tick; returns the seconds it took.
+
+        For tests and one-shot use; the running exporter polls each target on its own
+        schedule (``_schedule``) and ticks on the interval."""
         started = time.monotonic()
-        list(self._pool.map(lambda m: m.poll(), self.monitors))
+        with ThreadPoolExecutor(self._workers, thread_name_prefix="poll") as pool:
+            list(pool.map(lambda m: m.poll(), self.monitors))
+        self.tick(started)
+        return time.monotonic() - started
+
+    def tick(self, started: float | None = None) -> None:
+        """Recompute the diagnosis from the latest polls and run the after-round hooks."""
+        started = time.monotonic() if started is None else started
         self.rounds += 1
         try:
             self.update_diagnosis(time.time())
@@ -74,13 +100,14 @@ class Exporter:
             log.exception("diagnosis failed")
         if self.rounds == 1 and self.reader is not None:
             self.reader.start()  # after the first round: the block size is known by then
-        self.collector.round_seconds = time.monotonic() - started
+        durations = [m.scrape_duration for m in self.monitors if m.polled]
+        # Polls run side by side: a "round" takes as long as its slowest poll.
+        self.collector.round_seconds = max(durations, default=time.monotonic() - started)
         for listener in self.round_listeners:
             try:
                 listener()
             except Exception:  # an OTLP hiccup must not stop the polling
                 log.exception("after-round hook failed")
-        return time.monotonic() - started
 
     def update_diagnosis(self, now: float) -> None:
         """Recompute every target's and model's causes from the latest poll."""
@@ -116,37 +143,88 @@ class Exporter:
                         ", ".join(active) if active else "no cause holds any more")
             self._active[key] = active
 
-    def _loop(self) -> None:
+    def _schedule(self) -> None:
+        """Hand each target to the poll workers when it is due; tick every interval."""
         interval = self.config.interval
-        next_round = time.monotonic()
-        late_logged = False
+        now = time.monotonic()
+        due: list[tuple[float, int]] = [(now, i) for i in range(len(self.monitors))]
+        heapq.heapify(due)
+        next_tick = now + interval
+        late_logged: set[str] = set()
         while not self._stop.is_set():
-            took = self.poll_round()
-            next_round += interval
             now = time.monotonic()
-            if now > next_round:
-                if not late_logged:
-                    log.warning("a poll round took %.2fs, longer than the %.2fs interval; "
-                                "polling runs late", took, interval)
-                    late_logged = True
-                next_round = now
+            if now >= next_tick:
+                try:
+                    self.tick()
+                except Exception:  # pragma: no cover - the tick guards its own parts
+                    log.exception("tick failed")
+                next_tick = max(next_tick + interval, time.monotonic())
+                continue
+            when, index = due[0]
+            if when > now:
+                self._stop.wait(min(when, next_tick) - now)
+                continue
+            heapq.heappop(due)
+            mon = self.monitors[index]
+            with self._busy_lock:
+                running = mon.name in self._busy
+                if not running:
+                    self._busy.add(mon.name)
+            if running:
+                if mon.name not in late_logged:
+                    log.warning("target %s: a poll is still running when the next is due "
+                                "(timeout %gs, interval %gs); skipping it", mon.name,
+                                mon.target.timeout, interval)
+                    late_logged.add(mon.name)
             else:
-                late_logged = False
-            self._stop.wait(max(0.0, next_round - time.monotonic()))
+                self._jobs.put(mon)
+            nxt = when + interval
+            heapq.heappush(due, (nxt if nxt > now else now + interval, index))
+
+    def _poll_worker(self) -> None:
+        while True:
+            mon = self._jobs.get()
+            if mon is None or self._stop.is_set():
+                return
+            try:
+                mon.poll()
+            finally:
+                with self._busy_lock:
+                    self._busy.discard(mon.name)
+
+    def healthy(self) -> tuple[bool, str]:
+        """False when no target was polled (whatever the outcome) within a few intervals:
+        the polling itself is stuck, whatever ``up`` says."""
+        interval = self.config.interval
+        slack = names.HEALTHZ_STALE_INTERVALS * interval + max(
+            (m.target.timeout for m in self.monitors), default=0.0)
+        now = time.monotonic()
+        if now - self._started < slack:
+            return True, "ok"
+        last = max((m.last_polled for m in self.monitors if m.last_polled is not None),
+                   default=None)
+        if last is None or now - last > slack:
+            return False, f"no target polled in the last {slack:g}s"
+        return True, "ok"
 
     # -- serving -------------------------------------------------------------------------------
 
     def start(self) -> None:
         host, port = self.config.listen_host_port
         handler = _make_handler(self)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
-        for target, name in ((self._server.serve_forever, "http"), (self._loop, "poller")):
+        self._server = BoundedHTTPServer((host, port), handler, self.web.ssl_context)
+        self._started = time.monotonic()
+        jobs = [(self._server.serve_forever, "http"), (self._schedule, "scheduler")]
+        jobs += [(self._poll_worker, f"poll-{i}") for i in range(self._workers)]
+        for target, name in jobs:
+            # Daemon threads only: a stuck thread must never keep the process alive.
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
-        log.info("prefixwatch %s listening on http://%s:%d/metrics, polling %d target(s) "
-                 "every %gs", __version__, host, self.port, len(self.monitors),
+        scheme = "https" if self.web.ssl_context else "http"
+        log.info("prefixwatch %s listening on %s://%s:%d/metrics%s, polling %d target(s) "
+                 "every %gs", __version__, scheme, host, self.port,
+                 " (basic auth)" if self.web.users else "", len(self.monitors),
                  self.config.interval)
 
     @property
@@ -155,13 +233,18 @@ class Exporter:
         return self._server.server_address[1]
 
     def stop(self) -> None:
+        """End within a second or so whatever is in flight: polls are cut off by the
+        watchdog, and every thread is a daemon joined with a short timeout."""
         self._stop.set()
+        scrape.abort_all()
+        for _ in range(self._workers):
+            self._jobs.put(None)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        deadline = time.monotonic() + 1.0
         for thread in self._threads:
-            thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.reader is not None:
             self.reader.stop()
         for mon in self.monitors:
@@ -178,8 +261,11 @@ class Exporter:
 
 
 def _make_handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
+    from prefixwatch.exporter.http import READ_TIMEOUT as http_timeout
+
     class Handler(BaseHTTPRequestHandler):
         server_version = f"prefixwatch/{__version__}"
+        timeout = http_timeout  # per read or write; the server adds a per-connection deadline
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             log.debug("http: " + format, *args)
@@ -193,12 +279,19 @@ def _make_handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if not exporter.web.allows(self.headers.get("Authorization")):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="prefixwatch"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             path = urlsplit(self.path).path
             if path == "/metrics":
                 encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
                 self._send(200, encoder(exporter.registry), ctype)
             elif path in ("/healthz", "/-/healthy"):
-                self._send(200, b"ok\n", "text/plain; charset=utf-8")
+                ok, why = exporter.healthy()
+                self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
             elif path == "/":
                 self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
             else:
