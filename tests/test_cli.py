@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,3 +194,108 @@ def test_exporter_command_with_a_requests_log(page_server: PageServer, vllm_page
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert "requests log" in err and "skipped" in err
+
+
+# -- a newcomer's first errors (issue 17) ------------------------------------------------------
+
+SUBCOMMANDS = [["exporter"], ["status"], ["simulate"], ["rules"], ["dashboards"],
+               ["audit", "requests.jsonl"], ["demo"]]
+
+
+@pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: a[0])
+def test_unknown_flag_points_at_the_subcommands_help(args: list[str]) -> None:
+    r = run(*args, "--no-such-flag")
+    assert r.returncode == 2
+    assert r.stderr == (f"prefixwatch {args[0]}: error: unrecognized arguments: --no-such-flag "
+                        f"(see prefixwatch {args[0]} --help)\n")
+
+
+def _closed_reader(*args: str) -> tuple[int, str]:
+    """Run with stdout a pipe whose reader is already gone (as `| head` after its lines)."""
+    proc = subprocess.Popen([sys.executable, "-m", "prefixwatch.cli", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    return proc.wait(timeout=60), err
+
+
+def test_broken_pipes_end_quietly_with_exit_0(tmp_path) -> None:
+    log = tmp_path / "ids.jsonl"
+    log.write_text("".join(f'{{"prompt_token_ids": [{i}, 2, 3, 4, 5]}}\n' for i in range(50)))
+    for args in (["simulate", "--list-scenarios"],
+                 ["audit", str(log), "--format", "json", "--no-progress"],
+                 ["rules"]):
+        code, err = _closed_reader(*args)
+        assert (code, err) == (0, ""), (args, err)
+    shell = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {sys.executable} -m prefixwatch.cli simulate "
+                       "--list-scenarios | head -3"],
+        capture_output=True, text=True, timeout=60)
+    assert shell.returncode == 0 and shell.stderr == ""
+    assert len(shell.stdout.splitlines()) == 3
+
+
+def test_bad_yaml_names_file_line_and_column(tmp_path) -> None:
+    path = tmp_path / "cfg.yml"
+    path.write_text("targets:\n  - url: http://a:1/metrics\n   name: x\n")
+    r = run("exporter", "--config", str(path))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"prefixwatch exporter: error: {path}:3:4: not valid YAML: ")
+    assert len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="the mixin's config loader is being rewritten; it "
+                                       "should read files through core/yamlfile.load_mapping")
+def test_bad_rules_yaml_names_file_line_and_column(tmp_path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text("threshold: 0.7\nmodels: {a: {threshold: 0.5}\n")
+    r = run("rules", "--config", str(path))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"prefixwatch rules: error: {path}:3:1: not valid YAML: ")
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_TARGETS",
+                                                            names.ENV_TARGETS)}
+    return run("demo", "--sim-port", "0", *args, env=env)
+
+
+def test_demo_no_prometheus_does_not_claim_it_is_missing() -> None:
+    r = _demo("--no-prometheus", "--listen-address", "127.0.0.1:0", "--duration", "1s",
+              "--rate", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Prometheus/Alertmanager: not started (--no-prometheus)" in r.stdout
+    assert "not installed" not in r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_demo_port_in_use_names_its_owner() -> None:
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        r = _demo("--no-prometheus", "--listen-address", f"127.0.0.1:{port}")
+        assert r.returncode == 2
+        assert r.stderr.startswith(
+            f"prefixwatch demo: error: port {port} on 127.0.0.1 for the exporter is in use, "
+            f"held by pid {os.getpid()} (")
+        assert r.stderr.endswith("; choose another with --listen-address\n")
+        assert len(r.stderr.splitlines()) == 1
+        if shutil.which("prometheus") and shutil.which("prometheus-alertmanager"):
+            r = _demo("--listen-address", "127.0.0.1:0", "--prometheus-port", str(free_port()),
+                      "--alertmanager-port", str(port))
+            assert r.returncode == 2 and "for Alertmanager is in use, held by pid" in r.stderr
+            assert "--alertmanager-port" in r.stderr and len(r.stderr.splitlines()) == 1
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--time-scale", "0"], "--time-scale must be greater than 0"),
+    (["--switch-at", "soon"], "not a duration"),
+    (["--replicas", "0"], "--replicas must be between 1 and 64"),
+])
+def test_demo_bad_flags_exit_2(args: list[str], message: str) -> None:
+    r = _demo("--no-prometheus", *args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1

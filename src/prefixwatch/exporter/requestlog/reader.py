@@ -93,7 +93,8 @@ class RequestsLogReader:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # started (the exporter may stop before that)
+            self._thread.join(timeout=5)
 
     # -- tokenizer -----------------------------------------------------------------------------
 
