@@ -134,7 +134,7 @@ pre{padding:8px;white-space:pre-wrap}
 </style></head><body>
 <h1>Prefix-cache incident report: {{ d.model }}</h1>
 <p class="meta">{{ when(d.start, True) }} to {{ when(d.end, True) }} UTC · Prometheus
-{{ d.prometheus }} · alert threshold {{ pct(d.threshold) }} · rate window {{ '%g' % d.window }}s
+{{ d.prometheus }} · alert threshold {{ pct(d.threshold) }} · rate window {{ '%.0f' % d.window }}s
 · prefixwatch {{ version }}</p>
 {% for note in d.notes %}<p class="meta">{{ note }}</p>{% endfor %}
 <h2>Figures</h2>
@@ -151,7 +151,7 @@ fired in this range.</p>{% endif %}
 {% if header %}<table><tr>{% for h in header %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}
 </table>
-<p class="meta">Each phase leaves out the {{ '%g' % d.window }}s rate window around a transition,
+<p class="meta">Each phase leaves out the {{ '%.0f' % d.window }}s rate window around a transition,
 where healthy and incident traffic mix.</p>{% endif %}
 <h2>Cost</h2><p>{{ cost }}</p>
 <h2>Diagnosis over time (prefixwatch_diagnosis)</h2>
@@ -171,7 +171,7 @@ _MD = """# Incident report: prefix-cache hit rate of {{ d.model }}
 
 - Range: {{ when(d.start, True) }} to {{ when(d.end, True) }} UTC
 - Source: Prometheus {{ d.prometheus }}; alert threshold {{ pct(d.threshold) }}; \
-rate window {{ '%g' % d.window }}s
+rate window {{ '%.0f' % d.window }}s
 {% for note in d.notes %}- {{ note }}
 {% endfor %}
 ## Summary
@@ -194,7 +194,7 @@ rate window {{ '%g' % d.window }}s
 |{% for h in header %} --- |{% endfor %}
 {% for row in rows %}| {% for c in row %}{{ c | md }} | {% endfor %}
 {% endfor %}
-Each phase leaves out the {{ '%g' % d.window }}s rate window around a transition.
+Each phase leaves out the {{ '%.0f' % d.window }}s rate window around a transition.
 {% else %}No traffic in range.
 {% endif %}
 ## Cost
