@@ -74,10 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--interval", type=_positive_float, metavar="SECONDS",
                      help=f"poll interval (default {names.DEFAULT_INTERVAL_SECONDS:g})")
     exp.add_argument("--listen-address", metavar="HOST:PORT",
-                     help=f"where to serve /metrics (default {names.DEFAULT_LISTEN_ADDRESS})")
+                     help=f"where to serve /metrics (default {names.DEFAULT_LISTEN_ADDRESS}, every "
+                          "interface; 127.0.0.1:PORT keeps it on loopback)")
     exp.add_argument("--window", action="append", metavar="DURATION",
                      help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
                           f"(default {' '.join(names.DEFAULT_WINDOWS)})")
+    exp.add_argument("--web-config-file", metavar="FILE",
+                     help="TLS and basic auth for the exporter's own endpoint (exporter-toolkit "
+                          "format; see docs/configuration.md)")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
     diag = exp.add_argument_group(
@@ -156,6 +160,7 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
     if with_exporter_flags:
         kwargs.update(interval=args.interval, listen_address=args.listen_address,
                       windows=args.window, otlp_endpoint=args.otlp_endpoint,
+                      web_config_file=args.web_config_file,
                       diagnosis_window=args.diagnosis_window, cold_start=args.cold_start)
         log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
                      "max_log_len": args.max_log_len, "model": args.requests_model}

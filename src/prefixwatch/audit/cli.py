@@ -105,6 +105,14 @@ def _block_size(args: argparse.Namespace, tok: Tokenizer) -> int:
     return 16
 
 
+_WARN_LINES = 10  # lines named one by one; the rest are counted
+
+
+def _skipped(report: Report, where: str, why: str) -> None:
+    """Count a skipped line; they are named at the end (a garbage file is one message)."""
+    report.bad_lines.append((where, why))
+
+
 def _run_log(args: argparse.Namespace) -> int:
     if args.fail_under is not None and not 0 <= args.fail_under <= 1:
         raise ConfigError("--fail-under takes a rate between 0 and 1")
@@ -129,17 +137,23 @@ def _run_log(args: argparse.Namespace) -> int:
         tokenized = iter(tok.tokenize(good))
         for item in batch:
             if isinstance(item, BadLine):
-                report.bad_lines.append((item.where, item.reason))
-                log.warning("%s: skipped: %s", item.where, item.reason)
+                _skipped(report, item.where, item.reason)
                 continue
             ids = next(tokenized)
             if isinstance(ids, str):
-                report.bad_lines.append((item.where, ids))
-                log.warning("%s: skipped: %s", item.where, ids)
+                _skipped(report, item.where, ids)
                 continue
             auditor.add(ids, item.extra_keys)
         bar.update(len(batch))
     bar.close()
+    if report.bad_lines and not report.requests:
+        where, why = report.bad_lines[0]
+        raise ConfigError(f"no request could be read: {len(report.bad_lines)} line(s) "
+                          f"skipped (first, {where}: {why})")
+    for where, why in report.bad_lines[:_WARN_LINES]:
+        log.warning("%s: skipped: %s", where, why)
+    if len(report.bad_lines) > _WARN_LINES:
+        log.warning("%d more lines skipped", len(report.bad_lines) - _WARN_LINES)
     top = report.top_divergences(tok.decode, args.top, args.redact, decoded=text_capable)
     if args.format == "json":
         print(json.dumps(_as_json(report, top), indent=2))

@@ -26,7 +26,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 
 @dataclass
@@ -90,18 +90,56 @@ def parse_request(obj: Any, where: str) -> LogRequest:
     raise ValueError("no messages, prompt or prompt_token_ids")
 
 
+#: The longest log line read, shared by `audit` and the exporter's requests-log reader. A
+#: 128k-token prompt as token ids is about 1 MB; past the limit a line is skipped and counted,
+#: never held in memory.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+#: One "line" longer than this (``/dev/zero``, a binary file) ends the reading of the file.
+MAX_SKIP_BYTES = 16 * MAX_LINE_BYTES
+LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES} bytes"
+
+
+def bounded_lines(stream: IO[Any]) -> Iterator[tuple[str | None, str]]:
+    """(line, "") for each line of a binary or text stream, or (None, why) for a line past
+    MAX_LINE_BYTES, which is skipped in pieces; past MAX_SKIP_BYTES the file ends there."""
+    while True:
+        line = stream.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        newline = b"\n" if isinstance(line, bytes) else "\n"
+        if len(line) > MAX_LINE_BYTES and not line.endswith(newline):
+            skipped = len(line)
+            while skipped <= MAX_SKIP_BYTES:
+                more = stream.readline(1 << 20)
+                skipped += len(more)
+                if not more or more.endswith(newline):
+                    break
+            else:
+                yield None, f"{LINE_TOO_LONG} and no end in sight: rest of the file skipped"
+                return
+            yield None, LINE_TOO_LONG
+            continue
+        yield (line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line), ""
+
+
 def read_jsonl(paths: list[str], stdin: TextIO | None = None,
                max_log_len: int | None = None) -> Iterator[LogRequest | BadLine]:
     """Every request of every log, oldest first: JSONL lines and vLLM's request log lines (other
     vLLM log output is passed over); a bad line becomes a BadLine, never an error."""
     for path in paths:
-        stream = (stdin or sys.stdin) if path == "-" else open(  # noqa: SIM115
-            path, encoding="utf-8", errors="replace")
+        if path == "-":
+            text = stdin or sys.stdin
+            stream: IO[Any] = getattr(text, "buffer", text)
+        else:
+            stream = open(path, "rb")  # noqa: SIM115 - closed below
         name = "<stdin>" if path == "-" else path
         joiner = VllmLogJoiner(max_log_len)
         try:
-            for number, line in enumerate(stream, 1):
+            for number, (line, why) in enumerate(bounded_lines(stream), 1):
                 where = f"{name}:{number}"
+                if line is None:
+                    yield BadLine(where, why)
+                    continue
                 found = parse_line(line, where, joiner)
                 if found is None:
                     if line.strip() and not VLLM_LOG_PREFIX.match(line):
@@ -110,7 +148,7 @@ def read_jsonl(paths: list[str], stdin: TextIO | None = None,
                 yield from found
             yield from joiner.flush()
         finally:
-            if stream is not sys.stdin and stream is not stdin:
+            if path != "-":
                 stream.close()
 
 

@@ -23,7 +23,10 @@ def render_landing(exporter: Exporter) -> str:
         with mon.lock:
             state = "up" if mon.up else ("not polled yet" if not mon.polled else "down")
             schema = mon.snapshot.schema.schema if mon.snapshot and mon.up else ""
-            error = mon.last_error if not mon.up else ""
+            # Over a limit, the page was read but series were left out: say which.
+            error = mon.last_error if not mon.up else (
+                f"limit reached: {mon.limit_note} (docs/configuration.md#limits)"
+                if mon.limit_note else "")
             ratios = ", ".join(
                 f"{m}: {f.windows[window].hit_ratio:.1%} ({window})"
                 for m, f in sorted(mon.models.items())

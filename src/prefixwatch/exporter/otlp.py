@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterable
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -93,9 +95,24 @@ class OtlpBridge:
             log.warning("OTLP export to %s failed; will keep trying each round", self.endpoint)
         self._failing = not ok
 
-    def shutdown(self) -> None:
-        for provider in self._providers:
-            provider.shutdown()
+    def shutdown(self, budget: float = 0.5) -> None:
+        """Stop the providers within ``budget`` seconds in all (SIGTERM ends the process
+        within 2 s, whether the collector answers or not)."""
+        deadline = time.monotonic() + budget
+
+        def run() -> None:
+            for provider in self._providers:
+                left = max(1.0, (deadline - time.monotonic()) * 1000)
+                try:
+                    provider.shutdown(timeout_millis=left)
+                except Exception:  # a collector that is down must not delay the exit
+                    log.debug("OTLP provider shutdown failed", exc_info=True)
+
+        # The final export may wait on a silent collector longer than asked: a daemon
+        # thread given up after the budget cannot hold the process.
+        thread = threading.Thread(target=run, name="otlp-shutdown", daemon=True)
+        thread.start()
+        thread.join(budget)
 
 
 Callback = Callable[[CallbackOptions], list[Observation]]

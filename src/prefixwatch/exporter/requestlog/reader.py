@@ -19,7 +19,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from prefixwatch.core import names
-from prefixwatch.core.logformat import BadLine, LogRequest, VllmLogJoiner, parse_line
+from prefixwatch.core.logformat import (
+    MAX_LINE_BYTES,
+    BadLine,
+    LogRequest,
+    VllmLogJoiner,
+    parse_line,
+)
 from prefixwatch.core.tokenizers import (
     AuditError,
     NoTokenizer,
@@ -31,7 +37,6 @@ from prefixwatch.exporter.requestlog.view import RequestView
 
 log = logging.getLogger("prefixwatch.requests")
 
-MAX_LINE_BYTES = 16 * 1024 * 1024
 WARM_BYTES = 4 * 1024 * 1024
 BATCH = 64
 RETRY_TOKENIZER_SECONDS = 30.0
