@@ -189,6 +189,8 @@ class Fetcher:
             raise PageError("connect", _short(exc)) from exc
         finally:
             WATCHDOG.disarm(ticket)
+        if ticket.fired:  # a cut-off read can look like a clean end: never trust it
+            raise PageError("timeout", f"no complete answer within {timeout:g}s")
         try:
             return body.decode("utf-8")
         except UnicodeDecodeError as exc:
