@@ -6,9 +6,11 @@ Kept apart from the HTTP server so the page can grow (charts) without touching t
 from __future__ import annotations
 
 import html
+import time
 from typing import TYPE_CHECKING
 
 from prefixwatch.core.version import __version__
+from prefixwatch.exporter.charts import charts_section
 
 if TYPE_CHECKING:
     from prefixwatch.exporter.service import Exporter
@@ -40,10 +42,21 @@ def render_landing(exporter: Exporter) -> str:
             mon.name, mon.target.display_url, state, schema, ratios, causes, error)) + "</tr>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
-        "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}</style>"
+        "<meta http-equiv='refresh' content='15'>"
+        "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}" + CSS +
+        "</style>"
         f"</head><body><h1>prefixwatch {__version__}</h1>"
         "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
         "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
         "<th>hit ratio</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
-        "</body></html>")
+        + charts_section(exporter, time.time()) + "</body></html>")
+
+
+#: The charts' cards (exporter/charts.py), laid out to fill a 1280-pixel window.
+CSS = (".cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;padding:6px;"
+       "width:362px;font-size:13px}.card.fleet{display:inline-block;margin:0 10px 10px 0}"
+       ".card .head{margin-bottom:4px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}"
+       ".low{color:#d62728;font-weight:bold}.ok{color:#2ca02c;font-weight:bold}"
+       ".diag{color:#555;margin-top:2px}.legend{color:#444;font-size:13px}"
+       "svg .ttft{font-size:10px;fill:#a63603}")
