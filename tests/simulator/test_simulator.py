@@ -146,6 +146,11 @@ def test_lora_and_salt_over_http(server: ReplicaServer) -> None:
     ("/v1/chat/completions", {"messages": [{"content": "x"}]}, None, 400),
     ("/tokenize", {}, None, 400),
     ("/nope", {}, None, 404),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": 5},
+     None, 400),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "tools": 5}, None, 400),
+    ("/v1/completions", None, b"[" * 100_000, 400),
+    ("/v1/completions", None, b'{"prompt": ' + b"[" * 100_000, 400),
 ])
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server: ReplicaServer, path, body,
                                                            raw, status) -> None:
@@ -231,3 +236,30 @@ def test_simulate_serves_and_drives_with_a_request_log(tmp_path) -> None:
     assert details and details[0].startswith("DEBUG ")
     ids = details[0].split("prompt_token_ids: ")[1].split("]")[0]
     assert len(json.loads(ids + "]")) == 64
+
+
+def test_a_short_body_with_a_long_content_length_gets_a_400(monkeypatch) -> None:
+    """The read times out (shortened here) and the client still gets a JSON error."""
+    import socket
+
+    import prefixwatch.simulator.server as server_module
+
+    monkeypatch.setattr(server_module, "REQUEST_TIMEOUT", 0.5)
+    srv = ReplicaServer(Replica(EngineConfig(num_blocks=64, max_model_len=256)), "127.0.0.1", 0)
+    srv.start()
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                         b'{"prompt": "hi"')
+            answer = b""
+            while b"}}" not in answer:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400")
+        assert "Content-Length" in json.loads(body)["error"]["message"]
+    finally:
+        srv.stop()

@@ -24,6 +24,12 @@ MAX_BODY = 16 * 1024 * 1024
 REQUEST_TIMEOUT = 120.0
 
 
+#: Seconds one read of a request may wait; the listen backlog; concurrent handler threads.
+REQUEST_TIMEOUT = 10.0
+LISTEN_BACKLOG = 128
+MAX_THREADS = 256
+
+
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -140,6 +146,7 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "prefixwatch-simulator"
         protocol_version = "HTTP/1.1"
+        timeout = REQUEST_TIMEOUT  # per read: a stalled client frees its thread
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             log.debug("replica %d: " + format, replica.index, *args)
@@ -204,6 +211,11 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
                     raise BadRequest("Not Found", 404)
             except BadRequest as exc:
                 self._error(exc.status, str(exc))
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError,
+                    RecursionError) as exc:
+                # A body of the right JSON shape but wrong types ("tools": 5) is the
+                # client's error, as in vLLM: a 400 with a JSON error, never a dropped line.
+                self._error(400, f"invalid request body: {type(exc).__name__}")
 
         def _json_body(self) -> dict[str, Any]:
             length = self.headers.get("Content-Length")
@@ -211,11 +223,20 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
                 raise BadRequest("a JSON body with Content-Length is required")
             if int(length) > MAX_BODY:
                 raise BadRequest("request body too large", 413)
-            raw = self.rfile.read(int(length))
+            try:
+                raw = self.rfile.read(int(length))
+            except TimeoutError:
+                self.close_connection = True
+                raise BadRequest("request body shorter than its Content-Length") from None
+            if len(raw) < int(length):
+                self.close_connection = True
+                raise BadRequest("request body shorter than its Content-Length")
             try:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise BadRequest(f"malformed JSON: {exc}") from exc
+            except RecursionError:
+                raise BadRequest("malformed JSON: nested too deeply") from None
             if not isinstance(body, dict):
                 raise BadRequest("the JSON body must be an object")
             return body
@@ -280,13 +301,39 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, but at most MAX_THREADS at once (the rest wait in the listen
+    backlog), so a flood of slow clients cannot exhaust the process."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_THREADS)
+
+    def process_request(self, request, client_address) -> None:  # noqa: ANN001
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class ReplicaServer:
     """A Replica bound to a port."""
 
     def __init__(self, replica: Replica, host: str, port: int) -> None:
         self.replica = replica
         try:
-            self.httpd = ThreadingHTTPServer((host, port), make_handler(replica))
+            self.httpd = _BoundedServer((host, port), make_handler(replica))
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
         self.httpd.daemon_threads = True
