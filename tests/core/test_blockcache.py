@@ -114,8 +114,8 @@ def test_tail_blocks_are_evicted_before_head_blocks() -> None:
     pool.release(blocks)
     # Freed tail first: the queue now starts with the 2 never-used blocks, then the tail.
     pool.allocate(3)
-    assert pool.longest_hit([(0, 0), (1, 1), (2, 2)], None, 3) and len(
-        pool.longest_hit([(0, 0), (1, 1), (2, 2)], None, 3)) == 2
+    ids = pool.ids_of([0, 0, 1, 1, 2, 2])
+    assert [node.id for node in pool.longest_hit(ids, 3)] == ids[:2]
 
 
 def test_pool_pressure_preempts_and_waits() -> None:

@@ -19,7 +19,7 @@ from prefixwatch.exporter.requestlog.reader import (
     RequestsLogConfig,
     RequestsLogReader,
 )
-from prefixwatch.exporter.requestlog.view import RequestView, SlidingPrefixIndex
+from prefixwatch.exporter.requestlog.view import RequestView, new_window
 from prefixwatch.simulator.requestlog import RequestLogger
 
 # What vLLM 0.33 writes (request_logger.py), with the process prefix of a multi-process server.
@@ -109,10 +109,10 @@ prompts = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_siz
 @given(prompts, st.integers(1, 8))
 def test_sliding_index_matches_the_audit_index_when_nothing_leaves(batch, block_size) -> None:
     full = PrefixIndex(block_size)
-    sliding = SlidingPrefixIndex(block_size, max_requests=10_000, max_blocks=10_000)
+    sliding = new_window(block_size, max_requests=10_000, max_blocks=10_000)
     for tokens in batch:
         expected = full.add(tokens)
-        entry, divergence = sliding.add(tokens)
+        entry, divergence = sliding.add_timed(tokens)
         assert entry.cacheable_tokens == expected.cacheable_tokens
         assert (divergence.position if divergence else None) == (
             expected.divergence.position if expected.divergence else None)
@@ -123,25 +123,24 @@ def test_sliding_index_matches_the_audit_index_when_nothing_leaves(batch, block_
 def test_sliding_index_equals_a_fresh_index_of_the_window(batch, block_size, keep) -> None:
     """With a window of `keep` requests, a request's cacheable tokens are what an index of
     just the requests before it in the window would give."""
-    sliding = SlidingPrefixIndex(block_size, max_requests=keep, max_blocks=10_000)
+    sliding = new_window(block_size, max_requests=keep, max_blocks=10_000)
     for i, tokens in enumerate(batch):
         reference = PrefixIndex(block_size)
         for earlier in batch[max(0, i - keep):i]:
             reference.add(earlier)
-        entry, _ = sliding.add(tokens)
+        entry, _ = sliding.add_timed(tokens)
         assert entry.cacheable_tokens == reference.add(tokens).cacheable_tokens
 
 
 def test_memory_is_bounded_by_the_window() -> None:
     rng = random.Random(3)
-    index = SlidingPrefixIndex(16, max_requests=50, max_blocks=2_000)
+    index = new_window(16, max_requests=50, max_blocks=2_000)
     for _ in range(2_000):
-        index.add([rng.randrange(50_000) for _ in range(rng.randrange(1, 400))])
+        index.add_timed([rng.randrange(50_000) for _ in range(rng.randrange(1, 400))])
         assert len(index.window) <= 50 and index.blocks <= 2_000 + 400 // 16 + 1
-    while len(index.window) > 1:
-        index._drop(index.window.popleft())
-    index._drop(index.window.popleft())
-    assert index.blocks == 0 and not index.roots
+    while index.window:
+        index.drop_oldest()
+    assert index.blocks == 0 and not index.branches and not index.refs
 
 
 def test_view_window_and_histogram() -> None:

@@ -5,8 +5,8 @@ The rule (vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_
 * A prompt is cut into blocks of ``block_size`` tokens; only full blocks are cached.
 * A block's identity covers its parent's identity, its tokens and the request's extra keys
   (LoRA adapter, cache_salt, multimodal hashes): the first differing token ends reuse.
-  Here the chain of hashes is a trie of token blocks, which is the same identity (a path is
-  a chain) and costs one dict look-up per block instead of a tuple hash plus a look-up.
+  The chained ids are the prefix index's (``core.prefixindex``: one numpy pass per prompt);
+  the pool keys its cached blocks by them, as vLLM keys ``cached_block_hash_to_block``.
 * A lookup takes the longest run of cached blocks within the first ``num_tokens - 1`` tokens
   (the last prompt token is always recomputed to get logits), in whole blocks.
 * Blocks are reference-counted. A freed block stays cached in the free queue; new blocks come
@@ -21,16 +21,22 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 
+from prefixwatch.core.prefixindex import block_ids, cached_tokens_for, child_id, root_id
+
+__all__ = ["Admission", "BlockPool", "NoFreeBlocks", "Node", "Residency", "cached_tokens_for"]
+
 
 class Node:
-    """One block identity: the path from a root (extra keys) through token blocks."""
+    """One block identity (a chained id from the prefix index) and the blocks caching it."""
 
-    __slots__ = ("blocks", "children", "key", "parent")
+    __slots__ = ("blocks", "children", "depth", "id", "key", "parent")
 
-    def __init__(self, parent: Node | None, key: Hashable) -> None:
+    def __init__(self, parent: Node | None, block_id: int, depth: int, key: Hashable) -> None:
         self.parent = parent
-        self.key = key
-        self.children: dict[tuple[int, ...], Node] = {}
+        self.id = block_id
+        self.depth = depth  # 0 for a prompt's first block, -1 for a root
+        self.key = key  # the extra keys for a root
+        self.children = 0  # identities held after this one
         self.blocks: list[int] = []  # physical blocks caching this identity
 
 
@@ -117,6 +123,7 @@ class BlockPool:
         # Eviction order: head = next to be reused. Value unused.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
         self.roots: dict[Hashable, Node] = {}
+        self.by_id: dict[int, Node] = {}
         self.evictions = 0
         #: Block-residency tracking (vLLM's --kv-cache-metrics); None when off.
         self.residency: Residency | None = None
@@ -146,20 +153,25 @@ class BlockPool:
     def root(self, extra_keys: Hashable) -> Node:
         node = self.roots.get(extra_keys)
         if node is None:
-            node = self.roots[extra_keys] = Node(None, extra_keys)
+            node = self.roots[extra_keys] = Node(None, root_id(extra_keys), -1, extra_keys)
         return node
 
-    def longest_hit(self, blocks: Sequence[tuple[int, ...]], extra_keys: Hashable,
-                    max_blocks: int) -> list[Node]:
-        """The cached nodes of the longest cached prefix, at most ``max_blocks`` long."""
+    def ids_of(self, tokens: Sequence[int], extra_keys: Hashable = None) -> list[int]:
+        """The chained ids of a prompt's full blocks (the prefix index's)."""
+        return block_ids(tokens, self.block_size, root_id(extra_keys))
+
+    def longest_hit(self, ids: Sequence[int], max_blocks: int) -> list[Node]:
+        """The cached nodes of the longest cached prefix, at most ``max_blocks`` long.
+
+        Linear, not a binary search: a block in the middle of a chain may have been evicted
+        while later ones stay cached, and vLLM's hit stops at the first missing one.
+        """
         if not self.enable_caching:
             return []
-        node = self.roots.get(extra_keys)
+        by_id = self.by_id
         hit: list[Node] = []
-        if node is None:
-            return hit
-        for block in blocks[:max_blocks]:
-            node = node.children.get(block)  # type: ignore[assignment]
+        for block_id in ids[:max_blocks]:
+            node = by_id.get(block_id)
             if node is None or not node.blocks:
                 break
             hit.append(node)
@@ -205,21 +217,32 @@ class BlockPool:
             self.residency.evicted(block)
         node.blocks.remove(block)
         self.node_of[block] = None
-        # Drop identities that cache nothing and lead nowhere, so the trie stays bounded.
+        # Drop identities that cache nothing and lead nowhere, so the index stays bounded.
         while node is not None and not node.blocks and not node.children:
             parent = node.parent
-            siblings = self.roots if parent is None else parent.children
-            if siblings.get(node.key) is node:  # type: ignore[call-overload]
-                del siblings[node.key]  # type: ignore[arg-type]
+            if parent is None:
+                if self.roots.get(node.key) is node:
+                    del self.roots[node.key]
+            else:
+                if self.by_id.get(node.id) is node:
+                    del self.by_id[node.id]
+                parent.children -= 1
             node = parent
 
     def cache(self, parent: Node, block_tokens: tuple[int, ...], block: int) -> Node:
         """Record that physical ``block`` holds ``block_tokens`` after ``parent``."""
         if not self.enable_caching:
             return parent
-        node = parent.children.get(block_tokens)
+        return self.cache_id(parent, child_id(parent.id, parent.depth + 1, block_tokens), block)
+
+    def cache_id(self, parent: Node, block_id: int, block: int) -> Node:
+        """Record that physical ``block`` holds the block with chained id ``block_id``."""
+        if not self.enable_caching:
+            return parent
+        node = self.by_id.get(block_id)
         if node is None:
-            node = parent.children[block_tokens] = Node(parent, block_tokens)
+            node = self.by_id[block_id] = Node(parent, block_id, parent.depth + 1, None)
+            parent.children += 1
         if self.node_of[block] is None:
             node.blocks.append(block)
             self.node_of[block] = node
@@ -245,9 +268,9 @@ class BlockPool:
         Returns None (nothing changed) when the pool cannot hold the prompt right now.
         """
         bs = self.block_size
-        blocks = self.blocks_of(tokens)
+        ids = self.ids_of(tokens, extra_keys) if self.enable_caching else []
         max_blocks = max(len(tokens) - 1, 0) // bs
-        hit = self.longest_hit(blocks, extra_keys, max_blocks)
+        hit = self.longest_hit(ids, max_blocks)
         needed = -(-len(tokens) // bs) - len(hit)
         evictable_hits = sum(1 for n in hit if self.ref_cnt[n.blocks[0]] == 0)
         if needed > self.num_free - evictable_hits:
@@ -255,8 +278,8 @@ class BlockPool:
         held = self.touch(hit) + self.allocate(needed)
         path = list(hit)
         parent = hit[-1] if hit else self.root(extra_keys)
-        for i in range(len(hit), len(blocks)):
-            parent = self.cache(parent, blocks[i], held[i])
+        for i in range(len(hit), len(ids)):
+            parent = self.cache_id(parent, ids[i], held[i])
             path.append(parent)
         return Admission(cached_tokens_for(len(tokens), len(hit), bs), held, path)
 
@@ -267,9 +290,3 @@ class BlockPool:
         if residency is not None:
             residency.reset()
             self.residency = residency
-
-
-def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:
-    """Tokens served from cache: whole hit blocks, never past ``num_tokens - 1``."""
-    max_blocks = max(num_tokens - 1, 0) // block_size
-    return min(hit_blocks, max_blocks) * block_size
