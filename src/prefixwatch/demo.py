@@ -103,6 +103,9 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                         "1 = real time")
     p.add_argument("--duration", metavar="DURATION",
                    help="stop after this long, in wall-clock time (not scaled)")
+    p.add_argument("--report-on-exit", action="store_true",
+                   help="write the incident report of the run (prefixwatch report) when "
+                        "--duration ends too, not only on Ctrl-C")
 
 
 def _find(binaries: tuple[str, ...]) -> str | None:
@@ -454,9 +457,28 @@ def run_demo(args: argparse.Namespace) -> int:
             backends.start(binaries[0], binaries[1], printer.url)  # type: ignore[arg-type]
         print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at),
               flush=True)
+        began, began_mono = time.time(), time.monotonic()
         wait_for_signal(duration)
+        interrupted = duration is None or time.monotonic() - began_mono < duration - 0.5
+        if backends is not None and (interrupted or args.report_on_exit):
+            _write_report(backends.prometheus_url, began)
     log.info("demo stopped")
     return 0
+
+
+def _write_report(prometheus: str, began: float) -> None:
+    """The run's incident report (issue 15), before Prometheus stops; never fails the exit."""
+    from prefixwatch.core.errors import PrefixwatchError
+    from prefixwatch.report import Request, write_report
+
+    out = Path.cwd() / time.strftime("prefixwatch-report-%Y%m%d-%H%M%S")
+    try:
+        written = write_report(prometheus, out, Request(
+            began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD))
+    except PrefixwatchError as exc:
+        log.warning("no incident report: %s", exc)
+        return
+    print(f"incident report of this run: {written.html}", flush=True)
 
 
 def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Exporter,
@@ -488,7 +510,8 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
         lines.append(f"  Prometheus/Alertmanager: not installed ({INSTALL_HINT})")
     cold = _scaled(causes.COLD_START, scale)
     lines += [f"  Grafana: not started (not in Debian's package sources); import "
-              f"{state / 'dashboards'}/*.json into your Grafana, or use docker compose up",
+              f"{state / 'dashboards'}/*.json into your Grafana, or use docker compose up; "
+              f"meanwhile http://{host}:{exporter.port}/ charts the hit ratio and TTFT",
               f"  state:         {state}" + ("" if args.data_dir else " (removed on exit; "
                                                                        "--data-dir keeps it)"),
               f"  try: prefixwatch status --target {targets[0]} --cold-start {cold}",
