@@ -215,6 +215,18 @@ def _quick_model(block: str) -> str | None:
     return None
 
 
+def _histogram_of(name: str, block: str) -> tuple[str, str] | None:
+    """(name, label block without its le) of a bucket line; None for other lines."""
+    if not name.endswith("_bucket"):
+        return None
+    for probe in ('{le="', ',le="'):
+        at = block.find(probe)
+        if at >= 0:
+            end = block.find('"', at + len(probe))
+            return name, block[:at + 1] + block[end + 1:]
+    return None
+
+
 def read_page(text: str, labels: LabelCache | None = None,
               limits: PageLimits | None = None) -> Snapshot:
     """Parse a /metrics body into a Snapshot, or raise PageError with a reason.
@@ -236,6 +248,11 @@ def read_page(text: str, labels: LabelCache | None = None,
     admission = _Admission(limits or PageLimits())
     max_block, max_len = admission.limits.max_block, admission.limits.max_label_length
     samples = []
+    # Buckets counted per histogram (name + labels without le) before any parsing, so a
+    # 60,000-bucket histogram costs a string cut per line, not a parse.
+    bucket_counts: dict[tuple[str, str], int] = {}
+    over: set[tuple[str, str]] = set()
+    tags: list[tuple[str, str] | None] = []
     for name, block, rest in select_samples(text, _WANTED[schema.schema]):
         if len(block) > max_block:
             admission.drop("label_too_long")
@@ -244,11 +261,22 @@ def read_page(text: str, labels: LabelCache | None = None,
         if model is not None and admission.model_full(model):
             admission.drop("too_many_series")  # not even parsed: 10,000 models cost little
             continue
+        tag = _histogram_of(name, block)
+        if tag is not None:
+            count = bucket_counts[tag] = bucket_counts.get(tag, 0) + 1
+            if count > admission.limits.max_buckets:
+                over.add(tag)
+                continue
         parsed = cache.parse(block)
         if any(len(v) > max_len for v in parsed.values()):
             admission.drop("label_too_long")
             continue
         samples.append((name, parsed, _parse_value(name, rest)))
+        tags.append(tag)
+    if over:  # drop the whole histogram: a part of its buckets would lie
+        samples = [s for s, tag in zip(samples, tags, strict=True) if tag not in over]
+        for _ in over:
+            admission.drop("too_many_series")
     snapshot = _normalize(schema, samples, admission)
     snapshot.dropped = admission.dropped
     return snapshot
