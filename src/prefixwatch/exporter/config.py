@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixwatch.core import causes, names
+from prefixwatch.core import causes, names, settings
 from prefixwatch.core.causes import DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
@@ -124,35 +124,16 @@ _LIMIT_KEYS = ("max_body_bytes", "max_series", "max_models", "max_label_length",
 _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
                 *_LIMIT_KEYS}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
-             "target_defaults", "diagnosis", "requests_log", "web_config_file"}
-_DIAGNOSIS_KEYS = {"window", "cold_start"} | set(DiagnosisThresholds.__dataclass_fields__)
+             "target_defaults", "requests_log", "web_config_file",
+             settings.DIAGNOSIS_KEY, settings.THRESHOLD_KEY, settings.COLD_START_KEY}
 _REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
 
 
-def _diagnosis_from(data: Any, where: str) -> tuple[str | None, str | None, DiagnosisThresholds]:
-    if data is None:
-        return None, None, DiagnosisThresholds()
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: diagnosis must be a mapping")
-    unknown = set(data) - _DIAGNOSIS_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown diagnosis key {sorted(unknown)[0]!r}")
-    numbers = {k: v for k, v in data.items() if k not in ("window", "cold_start")}
-    try:
-        th = DiagnosisThresholds(**{k: type(getattr(DiagnosisThresholds(), k))(v)
-                                    for k, v in numbers.items()})
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: diagnosis: {exc}") from exc
-    for name in ("hit_ratio", "kv_usage_full", "short_prompt_share", "routing_gap", "ttft_rise",
-                 "ttft_fall"):
-        if not 0 < getattr(th, name) <= 1:
-            raise ConfigError(f"{where}: diagnosis.{name} must be in (0, 1]")
-    if th.min_requests < 1 or th.prompt_variance_ratio <= 1 or th.evict_idle_seconds <= 0:
-        raise ConfigError(f"{where}: diagnosis: min_requests >= 1, prompt_variance_ratio > 1, "
-                          "evict_idle_seconds > 0")
-    window = data.get("window")
-    cold = data.get("cold_start")
-    return (None if window is None else str(window), None if cold is None else str(cold), th)
+def _diagnosis_from(data: dict[str, Any], where: str) -> tuple[str, str, DiagnosisThresholds]:
+    """The diagnosis settings of the file: the same keys and checks as the mixin config's
+    (``core.settings``: top-level hit_ratio_threshold and cold_start, a diagnosis: section)."""
+    found = settings.diagnosis_from(data, where)
+    return found.window, found.cold_start, found.thresholds
 
 
 def requests_log_from(data: dict[str, Any], where: str) -> RequestsLogConfig:
@@ -263,8 +244,7 @@ def build_config(
         entries = [names.DEFAULT_TARGET]
         where = "default target"
     target_list = [_target_from(e, defaults, where) for e in entries]
-    file_window, file_cold, thresholds = _diagnosis_from(
-        data.get("diagnosis"), f"config file {config_file!r}")
+    file_window, file_cold, thresholds = _diagnosis_from(data, f"config file {config_file!r}")
     log_data: dict[str, Any] = {}
     if data.get("requests_log") is not None:
         if not isinstance(data["requests_log"], dict):
