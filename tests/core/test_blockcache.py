@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.blockcache import BlockPool, Residency, cached_tokens_for
+from prefixwatch.core.blockcache import (
+    BlockPool,
+    Residency,
+    block_ids,
+    cached_tokens_for,
+    child_id,
+    root_id,
+)
 from prefixwatch.simulator.engine import Engine, EngineConfig, VirtualClock
 
 
@@ -207,3 +214,14 @@ def test_residency_sampling() -> None:
         assert admitted is not None
         pool.release(admitted.blocks)
     assert 0.05 * pool.evictions < len(events) < 0.2 * pool.evictions
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=64), st.integers(1, 8),
+       st.sampled_from([None, ("lora", None), (None, "salt"), ("lora", "salt", ("mm-hash",))]))
+def test_one_chain_step_equals_the_vectorised_chain(tokens, bs: int, extra) -> None:
+    """The pool's chained block ids: one step at a time equals one numpy pass."""
+    ids = block_ids(tokens, bs, root_id(extra))
+    parent = root_id(extra)
+    for depth, start in enumerate(range(0, len(tokens) - len(tokens) % bs, bs)):
+        parent = child_id(parent, depth, tuple(tokens[start:start + bs]))
+        assert parent == ids[depth]

@@ -140,7 +140,7 @@ def test_memory_is_bounded_by_the_window() -> None:
         assert len(index.window) <= 50 and index.blocks <= 2_000 + 400 // 16 + 1
     while index.window:
         index.drop_oldest()
-    assert index.blocks == 0 and not index.branches and not index.refs
+    assert index.blocks == 0 and not index.roots
 
 
 def test_view_window_and_histogram() -> None:

@@ -5,8 +5,12 @@ The rule (vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_
 * A prompt is cut into blocks of ``block_size`` tokens; only full blocks are cached.
 * A block's identity covers its parent's identity, its tokens and the request's extra keys
   (LoRA adapter, cache_salt, multimodal hashes): the first differing token ends reuse.
-  The chained ids are the prefix index's (``core.prefixindex``: one numpy pass per prompt);
-  the pool keys its cached blocks by them, as vLLM keys ``cached_block_hash_to_block``.
+  Here it is a 64-bit id chained over the prompt as vLLM chains block hashes:
+  ``id(k) = id(k - 1) + hash(block k) * W[k]  (mod 2**64)`` from a root id that stands for
+  the extra keys, ``hash`` CPython's tuple hash of the block's token ids (deterministic for
+  ints) and ``W`` fixed random odd weights: one numpy cumulative sum per prompt
+  (``block_ids``). Two prefixes share an id with probability about 2**-64 per pair. The pool
+  keys its cached blocks by these ids, as vLLM keys ``cached_block_hash_to_block``.
 * A lookup takes the longest run of cached blocks within the first ``num_tokens - 1`` tokens
   (the last prompt token is always recomputed to get logits), in whole blocks.
 * Blocks are reference-counted. A freed block stays cached in the free queue; new blocks come
@@ -18,12 +22,68 @@ The rule (vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_
 from __future__ import annotations
 
 import random
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 
-from prefixwatch.core.prefixindex import block_ids, cached_tokens_for, child_id, root_id
+import numpy as np
 
-__all__ = ["Admission", "BlockPool", "NoFreeBlocks", "Node", "Residency", "cached_tokens_for"]
+MASK = (1 << 64) - 1
+_WEIGHT_CHUNK = 4096
+_SEED = 0x5EED_B10C
+_weights = np.zeros(0, dtype=np.uint64)
+_weights_lock = threading.Lock()
+
+
+def _weights_for(n: int) -> np.ndarray:
+    """The first ``n`` chain weights; the same on every run (grown in seeded chunks)."""
+    global _weights
+    w = _weights
+    if len(w) < n:
+        with _weights_lock:
+            w = _weights
+            chunks = [w]
+            for c in range(len(w) // _WEIGHT_CHUNK, -(-n // _WEIGHT_CHUNK)):
+                rng = np.random.default_rng([_SEED, c])
+                chunk = rng.integers(0, 2**64, size=_WEIGHT_CHUNK, dtype=np.uint64)
+                chunks.append(chunk | np.uint64(1))
+            w = _weights = np.concatenate(chunks)
+    return w[:n]
+
+
+def root_id(extra_keys: Hashable) -> int:
+    """The id a chain starts from: the extra keys (None for a plain request)."""
+    return hash(("prefixwatch-root", extra_keys)) & MASK
+
+
+def block_ids(tokens: Sequence[int], block_size: int, root: int) -> list[int]:
+    """The chained id of every full block of ``tokens`` (a prompt, from its start)."""
+    n = len(tokens) // block_size
+    if n == 0:
+        return []
+    # zip hands out one reused tuple per block when nothing keeps it: no allocation.
+    blocks = zip(*[iter(tokens)] * block_size, strict=False)
+    h = np.fromiter(map(hash, blocks), dtype=np.int64, count=n).view(np.uint64)
+    h *= _weights_for(n)
+    np.cumsum(h, out=h)
+    h += np.uint64(root)
+    return h.tolist()
+
+
+def child_id(parent: int, depth: int, block: tuple[int, ...]) -> int:
+    """The id of ``block`` at 0-based position ``depth`` after ``parent``: one chain step,
+    equal to what ``block_ids`` computes for the whole prompt."""
+    weight = int(_weights_for(depth + 1)[depth])
+    return (parent + (hash(block) & MASK) * weight) & MASK
+
+
+def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:
+    """Tokens served from cache: whole hit blocks, never past ``num_tokens - 1``."""
+    max_blocks = max(num_tokens - 1, 0) // block_size
+    return min(hit_blocks, max_blocks) * block_size
+
+__all__ = ["Admission", "BlockPool", "NoFreeBlocks", "Node", "Residency", "block_ids",
+           "cached_tokens_for", "child_id", "root_id"]
 
 
 class Node:

@@ -1,118 +1,50 @@
-"""The one prefix index: vLLM's chained full-block identity and its longest-prefix match.
+"""THE prefix index of request logs: an exact compressed trie (radix tree) over token ids.
 
-A block's identity is a 64-bit number chained over the prompt, as vLLM chains block hashes:
-``id(k) = id(k - 1) + hash(block k) * W[k]  (mod 2**64)``, starting from a root id that
-stands for the request's extra keys (LoRA adapter, cache_salt, multimodal hashes), so two
-chains with different extra keys never meet. ``hash(block)`` is CPython's 64-bit tuple hash
-of the block's token ids (deterministic for ints, no PYTHONHASHSEED) and ``W`` are fixed
-random odd 64-bit weights; the whole chain of a prompt is one numpy cumulative sum, so the
-cost is one C-level pass over the tokens instead of a Python loop per block. Two different
-prefixes share an id with probability about 2**-64 per pair: no false match in practice.
+Used by the audit, the exporter's request view (a sliding window), the incident report and
+the ledger. For every request it answers, against all earlier requests of the same extra keys
+(LoRA adapter, cache_salt, multimodal hashes; one root each, so chains never meet):
 
-``PrefixIndex`` holds every full block of the requests it was given (the audit) or of the
-last ``max_requests`` of them, within ``max_blocks`` blocks (the exporter's sliding window,
-reference-counted). Because it holds whole chains, the set of ids is prefix-closed and the
-longest cached prefix is a binary search (``longest_prefix``). The simulator's block pool
-uses the same ids (``block_ids``, ``child_id``) for its own cached blocks.
+- the exact longest common prefix (LCP) in tokens, hence vLLM's cacheable tokens: an earlier
+  request's first k full blocks are all cached, so an LCP of at least k * B tokens is k block
+  hits, within the first n - 1 tokens (``core.blockcache.cached_tokens_for``);
+- the divergence, exact to the token: where both requests have a token and they differ.
 
-The divergence is exact to the token: the first block that does not match is compared with
-the RECENT_SIBLINGS most recent earlier blocks that follow the same prefix (``closest_sibling``).
+Each edge holds its own copy of a run of tokens (a list in the audit, a packed ``array('I')``
+in a window, 4 bytes a token), made once when the edge is created; a node's children are keyed
+by their first token, in insertion order. A look-up walks the edges and compares whole slices
+at C speed (``a[i:j] == b[k:l]``), galloping then halving to the first mismatch inside an
+edge, so the matched part of a prompt costs a few slice copies, not Python work per token or
+per block, and nothing is hashed.
+
+In a sliding window (``max_requests`` / ``max_blocks``, oldest out first) each node counts the
+requests through it; dropping a request decrements its path, deletes the nodes that reach 0
+and merges a node left with one child into it, so the trie is always the compressed trie of
+the window's requests and memory is bounded on an endless log.
+
+Why the simulator does not use it: its block pool (``core.blockcache``) is vLLM's cache, where
+a block in the middle of a prompt can be evicted while later ones stay cached, so it keys
+blocks one by one (chained 64-bit block ids). The index is the log's view: nothing is
+evicted, only whole requests leave a window, so a radix tree is exact and much cheaper.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter, deque
-from collections.abc import Callable, Hashable, Sequence
+from array import array
+from collections import deque
+from collections.abc import Hashable, MutableSequence, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
-import numpy as np
+from prefixwatch.core.blockcache import cached_tokens_for
 
-RECENT_SIBLINGS = 32
 CONTEXT_TOKENS = 12
-MASK = (1 << 64) - 1
-_WEIGHT_CHUNK = 4096
-_SEED = 0x5EED_B10C
-_weights = np.zeros(0, dtype=np.uint64)
-_weights_lock = threading.Lock()
-
-Block = tuple[int, ...]
-
-
-def _weights_for(n: int) -> np.ndarray:
-    """The first ``n`` chain weights; the same on every run (grown in seeded chunks)."""
-    global _weights
-    w = _weights
-    if len(w) < n:
-        with _weights_lock:
-            w = _weights
-            chunks = [w]
-            for c in range(len(w) // _WEIGHT_CHUNK, -(-n // _WEIGHT_CHUNK)):
-                rng = np.random.default_rng([_SEED, c])
-                chunk = rng.integers(0, 2**64, size=_WEIGHT_CHUNK, dtype=np.uint64)
-                chunks.append(chunk | np.uint64(1))
-            w = _weights = np.concatenate(chunks)
-    return w[:n]
-
-
-def root_id(extra_keys: Hashable) -> int:
-    """The id a chain starts from: the extra keys (None for a plain request)."""
-    return hash(("prefixwatch-root", extra_keys)) & MASK
-
-
-def split_blocks(tokens: Sequence[int], block_size: int) -> list[Block]:
-    """The full blocks of ``tokens``, as tuples (one C-level pass)."""
-    full = len(tokens) - len(tokens) % block_size
-    return list(zip(*[iter(tokens[:full])] * block_size, strict=True))
-
-
-def block_ids(tokens: Sequence[int], block_size: int, root: int) -> list[int]:
-    """The chained id of every full block of ``tokens`` (a prompt, from its start)."""
-    n = len(tokens) // block_size
-    if n == 0:
-        return []
-    # zip hands out one reused tuple per block when nothing keeps it: no allocation.
-    blocks = zip(*[iter(tokens)] * block_size, strict=False)
-    h = np.fromiter(map(hash, blocks), dtype=np.int64, count=n).view(np.uint64)
-    h *= _weights_for(n)
-    np.cumsum(h, out=h)
-    h += np.uint64(root)
-    return h.tolist()
-
-
-def child_id(parent: int, depth: int, block: Block) -> int:
-    """The id of ``block`` at 0-based position ``depth`` after ``parent``: one chain step,
-    equal to what ``block_ids`` computes for the whole prompt."""
-    weight = int(_weights_for(depth + 1)[depth])
-    return (parent + (hash(block) & MASK) * weight) & MASK
-
-
-def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:
-    """Tokens served from cache: whole hit blocks, never past ``num_tokens - 1``."""
-    max_blocks = max(num_tokens - 1, 0) // block_size
-    return min(hit_blocks, max_blocks) * block_size
-
-
-def longest_prefix(ids: Sequence[int], held: Callable[[int], bool] | dict | set,
-                   limit: int | None = None) -> int:
-    """How many leading ids are held, when what is held is prefix-closed (binary search)."""
-    contains = held.__contains__ if isinstance(held, (dict, set)) else held
-    lo, hi = 0, len(ids) if limit is None else min(limit, len(ids))
-    while lo < hi:
-        mid = (lo + hi + 1) >> 1
-        if contains(ids[mid - 1]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+_PROBE = 16  # tokens compared first, before a whole long edge
 
 
 @dataclass
 class Divergence:
     position: int
     mine: tuple[int, ...]  # this request's tokens around the position
-    theirs: tuple[int, ...]  # the closest earlier request's tokens from the same start
+    theirs: tuple[int, ...]  # the same start, then an earlier request's tokens from position
     offset: int  # index of the position inside `mine`
 
 
@@ -124,32 +56,41 @@ class RequestResult:
     simulated_cached_tokens: int | None = None
 
 
-@dataclass
+class Node:
+    """One edge of the trie: its tokens, the depth where it ends, its children by first token."""
+
+    __slots__ = ("children", "count", "edge", "end", "parent")
+
+    def __init__(self, edge: MutableSequence[int], end: int, parent: Node | None) -> None:
+        self.edge = edge
+        self.end = end  # tokens from the root to the end of this edge
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.count = 0  # requests through or ending here (sliding windows only)
+
+
+@dataclass(slots=True)
 class Entry:
-    """One request in a sliding window: what it holds and what the view reports of it."""
+    """One request in a sliding window: where it ends in the trie and what the view reports."""
 
     at: float
     extra_keys: Hashable
-    ids: list[int]  # its full blocks
-    tail: tuple[int, Block] | None  # (parent id, partial last block)
+    node: Node  # the node where this request ends (its path is the way up to the root)
     prompt_tokens: int
     cacheable_tokens: int
     long: bool
+    reach: int  # the longest common prefix with the window's earlier requests, in tokens
     kind: str | None = None
 
 
+_Stop = tuple[Node, Node | None, int]  # last whole node matched, the edge left inside, at
+
+
 class PrefixIndex:
-    """Every full block of the requests given (or of a sliding window of them), by chained id.
+    """Every request given (or a sliding window of them) in one radix tree per extra keys.
 
-    ``nodes[id]`` is the block's first child: the block (or partial tail) that followed it in
-    the request that created it, or None. Where a second child appears, ``branches[id]``
-    lists all children in the order they appeared (a root's children are always there). The
-    partial tail of a request is never a cache hit, but later requests measure their
-    divergence against it, so it is kept as a child too. Only new blocks cost a Python
-    object (their token tuple); the look-up itself is a binary search on the chained ids.
-
-    With ``max_requests`` / ``max_blocks``, requests leave oldest first and each block is
-    reference-counted, so memory stays bounded however long the log runs.
+    ``add`` is the audit's pass (match, then insert); ``add_timed`` / ``drop_oldest`` the
+    window's; ``reach`` / ``insert`` the ledger's (a look-up without inserting, and an insert).
     """
 
     def __init__(self, block_size: int, max_requests: int | None = None,
@@ -160,201 +101,196 @@ class PrefixIndex:
         self.bs = block_size
         self.max_requests = max_requests
         self.max_blocks = max_blocks
-        self.nodes: dict[int, Block | None] = {}
-        self.branches: dict[int, dict[Block, None]] = {}
         self.sliding = max_requests is not None or max_blocks is not None
+        self.roots: dict[Hashable, Node] = {}
         self.window: deque[Entry] = deque()
-        self.refs: Counter[int] = Counter()  # sliding only: requests holding each block
-        self.keys: dict[int, tuple[int, Block]] = {}  # sliding only: id -> (parent, block)
-        self.tails: Counter[tuple[int, Block]] = Counter()  # sliding only
-        self._roots: Counter[int] = Counter()  # sliding only: requests per root
-        self._seen_roots: set[int] = set()  # audit only
+        #: Distinct full KV blocks held: each distinct prefix of k * block_size tokens once.
+        self.blocks = 0
 
-    @property
-    def blocks(self) -> int:
-        """Distinct blocks held (full blocks, and in a window the partial tails too)."""
-        return len(self.nodes) + len(self.tails)
-
-    # -- adding a request ----------------------------------------------------------------------
+    # -- the public passes ---------------------------------------------------------------------
 
     def add(self, tokens: Sequence[int], extra_keys: Hashable = None) -> RequestResult:
         """Match a request against the earlier ones, then add it (the audit's pass)."""
-        result, _ = self._add(tokens, extra_keys, 0.0)
-        return result
+        q = self._query(tokens)
+        lcp, divergence, end = self._add(q, extra_keys, True)
+        n = len(q)
+        if self.sliding:
+            self._enter(q, extra_keys, 0.0, lcp, end)
+        return RequestResult(n, cached_tokens_for(n, lcp // self.bs, self.bs), divergence)
 
     def add_timed(self, tokens: Sequence[int], extra_keys: Hashable = None, at: float = 0.0
                   ) -> tuple[Entry, Divergence | None]:
-        """The sliding window's add: the request's window entry and its divergence."""
-        result, entry = self._add(tokens, extra_keys, at)
-        assert entry is not None
-        return entry, result.divergence
+        """The sliding window's add: the request's window entry and its divergence.
 
-    def _add(self, tokens: Sequence[int], extra_keys: Hashable, at: float
-             ) -> tuple[RequestResult, Entry | None]:
-        bs = self.bs
-        n = len(tokens)
-        root = root_id(extra_keys)
-        ids = block_ids(tokens, bs, root)
-        full = len(ids)
-        nodes = self.nodes
-        matched = longest_prefix(ids, nodes)
-        parent = ids[matched - 1] if matched else root
-        new_blocks = split_blocks(tokens[matched * bs:], bs)
-        tail_block = tuple(tokens[full * bs:]) if full * bs < n else None
-        seen = (self._roots[root] > 0) if self.sliding else (root in self._seen_roots)
-        divergence = None
-        if seen and matched * bs < n:
-            rest = new_blocks[0] if new_blocks else tail_block
-            assert rest is not None
-            divergence = self._divergence(tokens, rest, parent, matched)
-        # Insert this request's new full blocks in one C-level update, then its tail.
-        if new_blocks:
-            new = ids[matched:]
-            firsts: list[Block | None] = list(new_blocks[1:])
-            firsts.append(tail_block)
-            nodes.update(zip(new, firsts, strict=True))
-            if self.sliding:
-                self.keys.update(zip(new, zip([parent, *new[:-1]], new_blocks, strict=True),
-                                     strict=True))
-            self._add_child(parent, new_blocks[0])
-        elif tail_block is not None:
-            self._add_child(parent, tail_block)
-        result = RequestResult(n, cached_tokens_for(n, matched, bs), divergence)
+        Raises OverflowError (nothing changed) for a token id that does not fit in 32 bits
+        when the index is a window."""
+        q = self._query(tokens)
+        lcp, divergence, end = self._add(q, extra_keys, True)
+        return self._enter(q, extra_keys, at, lcp, end), divergence
+
+    def insert(self, tokens: Sequence[int], extra_keys: Hashable = None, at: float = 0.0
+               ) -> Entry:
+        """Add a request without looking for its divergence; its entry has its ``reach``."""
+        q = self._query(tokens)
+        lcp, _, end = self._add(q, extra_keys, False)
+        return self._enter(q, extra_keys, at, lcp, end)
+
+    def reach(self, tokens: Sequence[int], extra_keys: Hashable = None) -> int:
+        """The longest common prefix, in tokens, of ``tokens`` with any request held (of the
+        same extra keys), without adding it."""
+        root = self.roots.get(extra_keys)
+        if root is None:
+            return 0
+        q = self._query(tokens)
+        node, _, j = self._walk(root, q)
+        return node.end + j
+
+    def cacheable(self, tokens: Sequence[int], extra_keys: Hashable = None) -> int:
+        """vLLM's cached tokens for ``tokens`` if it came next (without adding it)."""
+        return cached_tokens_for(len(tokens), self.reach(tokens, extra_keys) // self.bs,
+                                 self.bs)
+
+    # -- matching ------------------------------------------------------------------------------
+
+    def _query(self, tokens: Sequence[int]) -> MutableSequence[int]:
+        """The request as the edges' type: slices of the same type compare at C speed."""
+        if self.sliding:
+            if isinstance(tokens, array) and tokens.typecode == "I":
+                return tokens
+            return array("I", tokens)  # raises OverflowError beyond 32 bits
+        return tokens if type(tokens) is list else list(tokens)
+
+    @staticmethod
+    def _walk(root: Node, q: Sequence[int]) -> _Stop:
+        """Follow ``q`` down from ``root``: the last node whose whole edge matched, the child
+        whose edge the walk stopped in (None at a node boundary) and the tokens of it matched."""
+        node, d, n = root, 0, len(q)
+        while d < n:
+            child = node.children.get(q[d])
+            if child is None:
+                break
+            edge = child.edge
+            size = len(edge)
+            if d + size <= n and (size <= _PROBE or edge[:_PROBE] == q[d:d + _PROBE]) and (
+                    edge == q[d:d + size]):
+                node, d = child, d + size
+                continue
+            return node, child, _shared(edge, q, d, min(size, n - d))
+        return node, None, 0
+
+    def _add(self, q: MutableSequence[int], extra_keys: Hashable, diverge: bool
+             ) -> tuple[int, Divergence | None, Node]:
+        """Match ``q`` then insert what is new; (LCP, divergence, the node where it ends)."""
+        root = self.roots.get(extra_keys)
+        if root is None:
+            root = self.roots[extra_keys] = Node(q[:0], 0, None)
+        node, child, j = self._walk(root, q)
+        lcp, n = node.end + j, len(q)
+        divergence = _divergence(q, node, child, j) if diverge and lcp < n else None
+        if child is not None and (lcp < n or self.sliding):
+            node = _split(node, child, j)
+        if lcp < n:
+            leaf = Node(q[lcp:], n, node)
+            node.children[q[lcp]] = leaf
+            self.blocks += n // self.bs - lcp // self.bs
+            node = leaf
+        return lcp, divergence, node
+
+    # -- the sliding window --------------------------------------------------------------------
+
+    def _enter(self, q: Sequence[int], extra_keys: Hashable, at: float, lcp: int, end: Node
+               ) -> Entry:
+        """Count the request along its path, then keep the window within its bounds."""
+        n = len(q)
+        entry = Entry(at, extra_keys, end, n, cached_tokens_for(n, lcp // self.bs, self.bs),
+                      n > self.bs, lcp)
         if not self.sliding:
-            self._seen_roots.add(root)
-            return result, None
-        tail = (parent if full == matched else ids[-1], tail_block) if tail_block else None
-        entry = Entry(at, extra_keys, ids, tail, n, result.cacheable_tokens, n > bs)
-        self.refs.update(ids)
-        if tail is not None:
-            self.tails[tail] += 1
-        self._roots[root] += 1
+            return entry
+        node: Node | None = end
+        while node is not None:
+            node.count += 1
+            node = node.parent
         self.window.append(entry)
         while (self.max_requests is not None and len(self.window) > self.max_requests) or (
                 self.max_blocks is not None and self.blocks > self.max_blocks
                 and len(self.window) > 1):
             self.drop_oldest()
-        return result, entry
-
-    def _add_child(self, parent: int, block: Block) -> None:
-        """Record ``block`` as the newest child of ``parent`` (a root or a held block)."""
-        branch = self.branches.get(parent)
-        if branch is None:
-            nodes = self.nodes
-            if parent in nodes:
-                first = nodes[parent]
-                if first is None:
-                    nodes[parent] = block  # the only child
-                    return
-                if first == block:
-                    return
-                branch = self.branches[parent] = {first: None}
-            else:
-                branch = self.branches[parent] = {}
-        branch.setdefault(block, None)
-
-    def children(self, parent: int) -> list[Block]:
-        """The blocks that followed ``parent`` in earlier requests, oldest first."""
-        return list(self._children(parent))
-
-    def _children(self, parent: int) -> Sequence[Block] | dict[Block, None]:
-        branch = self.branches.get(parent)
-        if branch is not None:
-            return branch
-        first = self.nodes.get(parent)
-        return (first,) if first is not None else ()
-
-    # -- the sliding window --------------------------------------------------------------------
-
-    def drop_oldest(self) -> Entry:
-        """Take the oldest request out of the window, and the blocks only it held."""
-        entry = self.window.popleft()
-        root = root_id(entry.extra_keys)
-        if entry.tail is not None:
-            self.tails[entry.tail] -= 1
-            if self.tails[entry.tail] == 0:
-                del self.tails[entry.tail]
-                self._remove_child(entry.tail[0], entry.tail[1])
-        refs = self.refs
-        for i in range(len(entry.ids) - 1, -1, -1):
-            block_id = entry.ids[i]
-            refs[block_id] -= 1
-            if refs[block_id] == 0:
-                del refs[block_id]
-                del self.nodes[block_id]
-                parent, key = self.keys.pop(block_id)
-                self.branches.pop(block_id, None)
-                self._remove_child(parent, key)
-        self._roots[root] -= 1
-        if self._roots[root] == 0:
-            del self._roots[root]
         return entry
 
-    def _remove_child(self, parent: int, block: Block) -> None:
-        branch = self.branches.get(parent)
-        nodes = self.nodes
-        if branch is not None:
-            branch.pop(block, None)
-            if parent in nodes:
-                # Keep one form for one state: the oldest child first, a branch from two on.
-                if len(branch) <= 1:
-                    del self.branches[parent]
-                nodes[parent] = next(iter(branch), None)
-            elif not branch:
-                del self.branches[parent]
-        elif nodes.get(parent) == block:
-            nodes[parent] = None
-
-    # -- where it diverges ---------------------------------------------------------------------
-
-    def _divergence(self, tokens: Sequence[int], rest: Block, parent: int, matched: int
-                    ) -> Divergence | None:
-        """Where this request leaves every earlier one: ``rest`` is its block after the
-        ``matched`` blocks it shares (full, or its partial tail)."""
-        start = matched * self.bs
-        recent = list(islice(reversed(self._children(parent)), RECENT_SIBLINGS))
-        best, best_key = closest_sibling(recent, rest)
-        if best_key is None:
-            return None  # earlier requests ended here: this one extends them, nothing differs
-        return divergence_at(tokens, start, len(rest), self.bs, best, best_key)
+    def drop_oldest(self) -> Entry:
+        """Take the oldest request out of the window, and the tokens only it held."""
+        entry = self.window.popleft()
+        bs = self.bs
+        node = entry.node
+        while (parent := node.parent) is not None:
+            node.count -= 1
+            if node.count == 0:
+                del parent.children[node.edge[0]]
+                self.blocks -= node.end // bs - (node.end - len(node.edge)) // bs
+            elif len(node.children) == 1:
+                only = next(iter(node.children.values()))
+                if only.count == node.count:  # no request ends here any more: one edge
+                    only.edge = node.edge + only.edge
+                    only.parent = parent
+                    parent.children[node.edge[0]] = only
+            node = parent
+        node.count -= 1
+        if node.count == 0:
+            del self.roots[entry.extra_keys]
+        return entry
 
 
-def common_prefix(a: Block, b: Block) -> int:
-    """How many leading tokens two blocks share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
+def _shared(a: Sequence[int], b: Sequence[int], d: int, m: int) -> int:
+    """How many of the first ``m`` tokens of edge ``a`` equal ``b`` from ``d``: slices of
+    doubling length until one differs, then halving inside it."""
+    lo, step = 0, _PROBE
+    while lo < m:
+        hi = min(lo + step, m)
+        if a[lo:hi] != b[d + lo:d + hi]:
             break
-        n += 1
-    return n
+        lo, step = hi, step * 2
+    else:
+        return m
+    while hi - lo > 1:  # a[:lo] matches, the first mismatch is in [lo, hi)
+        mid = (lo + hi) >> 1
+        if a[lo:mid] == b[d + lo:d + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
-def closest_sibling(recent: Sequence[Block], rest: Block) -> tuple[int, Block | None]:
-    """Of the most recent earlier blocks that follow the same prefix (newest first), the one
-    sharing the longest start with this request's diverging block ``rest`` (the newest on a
-    tie). Blocks whose first token differs share nothing, so only the others are compared."""
-    if not recent:
-        return 0, None
-    if not rest:
-        return 0, recent[0]
-    first = rest[0]
-    best, best_key = 0, recent[0]
-    for key in recent:
-        if key and key[0] == first:
-            shared = common_prefix(rest, key)
-            if shared > best:
-                best, best_key = shared, key
-    return best, best_key
+def _split(parent: Node, child: Node, j: int) -> Node:
+    """Cut ``child``'s edge after ``j`` tokens: the new node in between, holding the first part."""
+    edge = child.edge
+    mid = Node(edge[:j], child.end - len(edge) + j, parent)
+    mid.count = child.count
+    mid.children[edge[j]] = child
+    child.edge = edge[j:]
+    child.parent = mid
+    parent.children[edge[0]] = mid
+    return mid
 
 
-def divergence_at(tokens: Sequence[int], start: int, rest: int, block_size: int, best: int,
-                  theirs_block: tuple[int, ...]) -> Divergence | None:
-    """The divergence ``best`` tokens into the block at ``start`` (``rest`` tokens of this
-    request from there), with the context on both sides."""
-    if best == rest and rest < block_size:
-        return None  # a shorter prompt that an earlier one continues: nothing differs
-    position = start + best
+def _continuation(node: Node, j: int) -> tuple[int, ...]:
+    """CONTEXT_TOKENS tokens of an earlier request from ``j`` tokens into ``node``'s edge,
+    going down through the most recent children where an edge ends."""
+    out = list(node.edge[j:j + CONTEXT_TOKENS])
+    while len(out) < CONTEXT_TOKENS and node.children:
+        node = next(reversed(node.children.values()))
+        out.extend(node.edge[:CONTEXT_TOKENS - len(out)])
+    return tuple(out)
+
+
+def _divergence(q: Sequence[int], node: Node, child: Node | None, j: int) -> Divergence | None:
+    """Where ``q`` leaves every earlier request, if an earlier one has a different token
+    there: inside ``child``'s edge, or at ``node``'s end against its most recent child."""
+    position = node.end + j
+    if child is None:
+        if not node.children:
+            return None  # earlier requests ended here: this one extends them, nothing differs
+        child = next(reversed(node.children.values()))
     lo = max(0, position - CONTEXT_TOKENS)
-    mine = tuple(tokens[lo:position + CONTEXT_TOKENS])
-    theirs = tuple(tokens[lo:start]) + theirs_block
+    mine = tuple(q[lo:position + CONTEXT_TOKENS])
+    theirs = mine[:position - lo] + _continuation(child, j)
     return Divergence(position, mine, theirs, position - lo)

@@ -1,9 +1,10 @@
 """The request-level view: the audit, run incrementally over a sliding window of recent requests.
 
-The window is the audit's prefix index (``core.prefixindex.PrefixIndex``, vLLM's chained
-full blocks) with reference counts: when a request leaves the window, the blocks no other
-request in the window holds are dropped, so memory stays bounded however long the log runs
-(at most ``max_requests`` requests and ``max_blocks`` distinct blocks).
+The window is the audit's prefix index (``core.prefixindex.PrefixIndex``, an exact radix tree
+over token ids) with a count of requests on each node: when a request leaves the window, the
+tokens no other request in the window holds are dropped, so memory stays bounded however long
+the log runs (at most ``max_requests`` requests and ``max_blocks`` distinct full KV blocks).
+Each request is packed once into an ``array('I')`` (4 bytes a token), as its new edges are.
 
 ``RequestView`` adds what the exporter exports: the achievable hit ratio of the recent
 requests, where they diverge (a histogram), and what varies there (the audit's kinds).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from array import array
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 
@@ -23,8 +25,6 @@ from prefixwatch.core import names
 from prefixwatch.core.diagnosis import RequestEvidence
 from prefixwatch.core.prefixindex import Divergence, PrefixIndex
 from prefixwatch.core.whatvaries import guess_kind
-
-_MAX_TOKEN_ID = 0xFFFFFFFF
 
 
 def new_window(block_size: int, max_requests: int = names.REQUESTS_WINDOW_REQUESTS,
@@ -80,10 +80,9 @@ class RequestView:
         ``warm``: history read before following the log; it fills the window's index but is
         not counted, and its time (0) keeps it out of every window's figures.
         """
-        if tokens and (min(tokens) < 0 or max(tokens) > _MAX_TOKEN_ID):
-            raise OverflowError("a token id does not fit in 32 bits")
+        packed = array("I", tokens)  # raises OverflowError: nothing is counted
         with self.lock:
-            entry, divergence = self.index.add_timed(tokens, extra_keys,
+            entry, divergence = self.index.add_timed(packed, extra_keys,
                                                      0.0 if warm else self.clock())
             if warm:
                 return
