@@ -15,7 +15,7 @@ import requests
 import yaml
 
 from prefixwatch.core import names, schemas
-from prefixwatch.mixin import dashboards, rules
+from prefixwatch.mixin import artifacts, dashboards, rules
 from tests.conftest import free_port, npm_packages, require_binary, wait_ready
 
 ROOT = Path(__file__).parents[2]
@@ -31,10 +31,15 @@ def all_json() -> dict[str, dict]:
 
 
 def test_committed_dashboards_match_the_generator(tmp_path: Path) -> None:
-    for path in dashboards.write(tmp_path):
-        committed = ROOT / "dashboards" / path.name
-        assert committed.exists() and committed.read_text() == path.read_text(), (
+    files = artifacts.under(artifacts.render_all(), "dashboards")
+    assert set(files) == {f"prefixwatch-{kind}{suffix}.json" for kind in ("overview", "replica")
+                          for suffix in ("", "-vllm", "-sglang")}
+    for name, text in files.items():
+        committed = ROOT / "dashboards" / name
+        assert committed.exists() and committed.read_text() == text, (
             f"{committed} drifted: run prefixwatch dashboards")
+    for path in dashboards.write(tmp_path):
+        assert path.read_text() == files[path.name]
     again = dashboards.write(tmp_path / "again")
     assert [p.read_text() for p in again] == [
         (tmp_path / p.name).read_text() for p in again], "generation is deterministic"

@@ -29,10 +29,11 @@ def amtool() -> str:
 
 
 def test_committed_files_match_the_generator(tmp_path: Path) -> None:
-    written = write_all(tmp_path, rules.RulesConfig())
+    written = write_all(tmp_path, rules.MixinConfig())
+    assert len(written) == 7
     for path in written:
         committed = ALERTS / path.relative_to(tmp_path)
-        hint = "run: prefixwatch rules --write-all alerts"
+        hint = "run: python -m prefixwatch.mixin.artifacts"
         assert committed.exists(), f"{committed} is missing: {hint}"
         assert committed.read_text() == path.read_text(), (
             f"{committed} drifted from the generator: {hint}")
@@ -90,7 +91,7 @@ def test_promtool_checks_and_unit_tests(promtool: str, source: str) -> None:
 def test_per_model_thresholds_opt_outs_and_selector(promtool: str, tmp_path: Path) -> None:
     cfg_path = tmp_path / "cfg.yml"
     cfg_path.write_text(textwrap.dedent("""\
-        selector: 'job="vllm"'
+        selectors: {matchers: 'job="vllm"'}
         models:
           embedder: {disabled: true}
           "coder.v2": {threshold: 0.3}
@@ -150,11 +151,21 @@ def test_alertmanager_config_and_routes(amtool: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content,message", [
-    ("threshold: 1.5\n", "between 0 and 1"),
-    ("tresholds: 0.5\n", "unknown key"),
+    ("threshold: 1.5\n", ":1:1: hit_ratio_threshold must be between 0 and 1"),
+    ("hit_ratio_threshold: 0\n", "c.yml:1:1: hit_ratio_threshold must be between 0 and 1"),
+    ("tresholds: 0.5\n", "unknown key 'tresholds'"),
     ("models: {m: {threshold: 0.5, page: false}}\n", "threshold: and/or disabled:"),
+    ("models:\n  m: {threshold: 2}\n", "c.yml:2:3: models.m.threshold must be between"),
     ("cold_start: soon\n", "not a duration"),
-    ("selector: 'job=vllm'\n", "selector must look like"),
+    ("selector: 'job=vllm'\n", "must look like"),
+    ("selectors:\n  matchers: 'job=vllm'\n", "c.yml:2:3: matchers"),
+    ("cluster_label: model_name\n", "cluster_label must be a label name"),
+    ("windows: [5m, 15m]\n", "windows must keep 1m"),
+    ("diagnosis: {kv_usage_full: 2}\n", "c.yml:1:1: diagnosis.kv_usage_full must be in (0, 1]"),
+    ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
+    ("runbook_url_pattern: https://x/runbooks\n", "needs {anchor}"),
+    ("dashboards: {refresh: often}\n", "dashboards.refresh"),
+    ("hit_ratio_threshold: [\n", "c.yml:2:1: not valid YAML"),
 ])
 def test_bad_rules_config_exits_2(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "c.yml"

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from prefixwatch.mixin import alertmanager, stack
+from prefixwatch.mixin.config import MixinConfig
 from tests.conftest import free_port, npm_packages, require_binary
 from tests.e2e.test_alerting_e2e import Webhook
 
@@ -29,7 +30,7 @@ def test_generated_stack_files_match(tmp_path: Path) -> None:
     for rel, text in stack.generated_files().items():
         committed = ROOT / rel
         assert committed.exists() and committed.read_text() == text, (
-            f"{rel} drifted: run python -m prefixwatch.stack")
+            f"{rel} drifted: run python -m prefixwatch.mixin.artifacts")
 
 
 def test_compose_validates_against_the_compose_spec() -> None:
@@ -132,11 +133,34 @@ def test_kubernetes_builtin_kinds_validate() -> None:
         kubernetes_validate.validate(broken, "1.30", strict=True)
     containers = {c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert containers == {"vllm", "prefixwatch"}
-    maps = [d for d in builtin if d["kind"] == "ConfigMap"]
+    maps = [d for d in builtin if d["kind"] == "ConfigMap"
+            and d["metadata"]["name"] != stack.EXPORTER_CONFIG_NAME]
     assert maps and all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
     for m in maps:
         for text in m["data"].values():
             assert json.loads(text)["uid"].startswith("prefixwatch-")
+
+
+def test_the_sidecar_mounts_an_exporter_config_the_exporter_reads(tmp_path: Path) -> None:
+    """The sidecar's --config holds the mixin's diagnosis settings, in keys the exporter's own
+    config loader accepts: the diagnosis judges against the threshold the alerts page on."""
+    from prefixwatch.exporter.config import build_config
+
+    docs = k8s_docs()
+    config_map = next(d for d in docs if d["metadata"]["name"] == stack.EXPORTER_CONFIG_NAME)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "prefixwatch")
+    mount = sidecar["volumeMounts"][0]
+    path = sidecar["args"][sidecar["args"].index("--config") + 1]
+    assert path == f"{mount['mountPath']}/config.yml"
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == stack.EXPORTER_CONFIG_NAME
+    (tmp_path / "config.yml").write_text(config_map["data"]["config.yml"])
+    exporter = build_config(config_file=str(tmp_path / "config.yml"), environ={})
+    expected = MixinConfig().diagnosis
+    assert exporter.thresholds == expected.thresholds and exporter.cold_start == "10m"
+    assert exporter.thresholds.hit_ratio == MixinConfig().hit_ratio_threshold
 
 
 # The parts of the Prometheus Operator CRDs (monitoring.coreos.com/v1) that these use.

@@ -14,15 +14,9 @@ from typing import Any
 
 import yaml
 
+from prefixwatch.core.rulenames import ALERT_ABSENT, ALERT_WATCHDOG, HIT_RATE_ALERTS
 from prefixwatch.core.windows import parse_duration
-from prefixwatch.mixin.rules import (
-    ALERT_ABSENT,
-    ALERT_LOW,
-    ALERT_OUTLIER,
-    ALERT_REGRESSION,
-    ALERT_WATCHDOG,
-    prom_duration,
-)
+from prefixwatch.mixin.config import MixinConfig, prom_duration
 
 ENV_PAGER = "PREFIXWATCH_PAGER_WEBHOOK_URL"
 ENV_TICKET = "PREFIXWATCH_TICKET_WEBHOOK_URL"
@@ -54,19 +48,22 @@ HEADER = """\
 """
 
 
-def config(environ: Mapping[str, str] | None = None, time_scale: float = 1.0) -> dict[str, Any]:
+def config(environ: Mapping[str, str] | None = None, time_scale: float = 1.0,
+           cfg: MixinConfig | None = None) -> dict[str, Any]:
+    """Routes and inhibitions; with a cluster label, alerts group and inhibit per cluster."""
     env = os.environ if environ is None else environ
+    cluster = [cfg.cluster_label] if cfg is not None and cfg.cluster_label else []
     urls = {key: env.get(key) or default for key, default in DEFAULT_URLS.items()}
 
     def d(text: str) -> str:
         return prom_duration(parse_duration(text) * time_scale)
 
-    hit_rate_alerts = "|".join((ALERT_LOW, ALERT_REGRESSION, ALERT_OUTLIER))
+    hit_rate_alerts = "|".join(HIT_RATE_ALERTS)
     return {
         "global": {"resolve_timeout": "5m"},
         "route": {
             "receiver": "ticket",
-            "group_by": ["alertname", "model_name"],
+            "group_by": [*cluster, "alertname", "model_name"],
             "group_wait": d("30s"),
             "group_interval": d("5m"),
             "repeat_interval": d("4h"),
@@ -81,10 +78,10 @@ def config(environ: Mapping[str, str] | None = None, time_scale: float = 1.0) ->
         "inhibit_rules": [
             {"source_matchers": ['severity="critical"'],
              "target_matchers": ['severity="warning"'],
-             "equal": ["alertname", "model_name"]},
+             "equal": [*cluster, "alertname", "model_name"]},
             {"source_matchers": [f'alertname="{ALERT_ABSENT}"'],
              "target_matchers": [f'alertname=~"{hit_rate_alerts}"'],
-             "equal": ["model_name"]},
+             "equal": [*cluster, "model_name"]},
         ],
         "receivers": [
             {"name": "pager",
@@ -97,5 +94,6 @@ def config(environ: Mapping[str, str] | None = None, time_scale: float = 1.0) ->
     }
 
 
-def render(environ: Mapping[str, str] | None = None, time_scale: float = 1.0) -> str:
-    return HEADER + yaml.safe_dump(config(environ, time_scale), sort_keys=False, width=100)
+def render(environ: Mapping[str, str] | None = None, time_scale: float = 1.0,
+           cfg: MixinConfig | None = None) -> str:
+    return HEADER + yaml.safe_dump(config(environ, time_scale, cfg), sort_keys=False, width=100)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from prefixwatch.core.names import OUT_ACHIEVABLE, OUT_DIAGNOSIS
-from prefixwatch.mixin.rules import (
+from prefixwatch.core.rulenames import (
     ALERT_ABSENT,
     ALERT_EVICTION,
     ALERT_LOW,
@@ -26,11 +26,13 @@ from prefixwatch.mixin.rules import (
     R_BASELINE,
     R_MISSED,
     R_SAVED_SHARE,
-    Builder,
-    RulesConfig,
     r_ratio,
-    render_diagnosis,
 )
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.mixin.alerts import render_diagnosis
+from prefixwatch.mixin.config import MixinConfig
+from prefixwatch.mixin.rules import Builder
+from prefixwatch.mixin.sources import EXPORTER_JOB
 
 STEP = 15  # seconds between samples and rule evaluations
 MODEL = "llama-3-8b"
@@ -98,9 +100,25 @@ def humanize_percentage(value: float) -> str:
     return f"{text}%"
 
 
+_EQ_CHAIN = re.compile(r'\{\{ if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)'
+                       r'((?:\{\{ else if eq \$labels\.\w+ ".*?" \}\}.*?)*)'
+                       r"\{\{ else \}\}(.*?)\{\{ end \}\}")
+_ELSE_IF = re.compile(r'\{\{ else if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)(?=\{\{ else |$)')
+
+
 def render_annotation(template: str, labels: dict[str, str], value: float) -> str:
     """The few template constructs our annotations use, rendered as Prometheus would."""
     text = template.replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
+
+    def chain(match: re.Match[str]) -> str:
+        branches = [(match.group(1), match.group(2), match.group(3))]
+        branches += _ELSE_IF.findall(match.group(4))
+        for label, wanted, body in branches:
+            if labels.get(label) == wanted:
+                return body
+        return match.group(5)
+
+    text = _EQ_CHAIN.sub(chain, text)
 
     def cond(match: re.Match[str]) -> str:
         return match.group(2) if labels.get(match.group(1)) else ""
@@ -110,7 +128,10 @@ def render_annotation(template: str, labels: dict[str, str], value: float) -> st
 
 
 class Cases:
-    def __init__(self, source: str, cfg: RulesConfig, rule_file: str) -> None:
+    """The cases for one source, with traffic levels chosen around the config's numbers (a
+    threshold of 0.5 gets a drift that crosses 0.5, a cold start of 5m a restart within 5m)."""
+
+    def __init__(self, source: str, cfg: MixinConfig, rule_file: str) -> None:
         self.source = source
         self.cfg = cfg
         self.builder = Builder(source, cfg)
@@ -121,13 +142,7 @@ class Cases:
     # -- series --------------------------------------------------------------------------------
 
     def base_labels(self, target: str) -> dict[str, str]:
-        if self.source == "exporter":
-            return {"job": "prefixwatch", "instance": "prefixwatch:10089", "target": target,
-                    "model_name": MODEL, "engine": "0", "server": "vllm"}
-        labels = {"job": self.source, "instance": target, "model_name": MODEL}
-        if self.source == "vllm":
-            labels["engine"] = "0"
-        return labels
+        return self.src.sample_labels(target, MODEL)
 
     @staticmethod
     def series_name(metric: str, labels: dict[str, str]) -> str:
@@ -166,8 +181,7 @@ class Cases:
     def diagnosis(self, target: str, cause: str, minutes_off: float, minutes_on: float
                   ) -> dict[str, str]:
         """The exporter's diagnosis series: 0 for a while, then 1."""
-        labels = {"job": "prefixwatch", "instance": "prefixwatch:10089", "target": target,
-                  "model_name": MODEL, "cause": cause}
+        labels = {**EXPORTER_JOB, "target": target, "model_name": MODEL, "cause": cause}
         off, on = round(minutes_off * 60 / STEP), round(minutes_on * 60 / STEP)
         return {"series": self.series_name(OUT_DIAGNOSIS.name, labels),
                 "values": compress([0.0] * (off + 1) + [1.0] * on)}
@@ -178,7 +192,7 @@ class Cases:
                     if a["alert"] == alertname and a["labels"]["severity"] == severity)
         full = {"alertname": alertname, "severity": severity, **labels}
         clause = self.builder.diagnosis_clause()
-        rendered = render_diagnosis(list(causes), self.cfg.runbook_url)
+        rendered = render_diagnosis(list(causes), self.cfg.runbook_url_pattern)
         annotations = {k: render_annotation(v.replace(clause, "\0"), full, value).replace(
             "\0", rendered) for k, v in rule["annotations"].items()}
         return {"exp_labels": {"severity": severity, **labels}, "exp_annotations": annotations}
@@ -193,13 +207,16 @@ class Cases:
         m = {"model_name": MODEL}
         low, regression = ALERT_LOW, ALERT_REGRESSION
         tests: list[dict[str, Any]] = []
+        cfg = self.cfg
+        thr = cfg.hit_ratio_threshold
+        busy = max(1000, round(10 * cfg.min_query_tokens_per_second))  # well above the floor
+        cold = parse_duration(cfg.cold_start) / 60  # minutes
 
         def case(series: list[dict[str, str]], alerts: list[dict[str, Any]],
                  exprs: list[dict[str, Any]] | None = None, exporter_alive: bool = True) -> None:
             if self.src.target_up and exporter_alive and not any(
                     s["series"].startswith(self.src.liveness) for s in series):
-                series = [*series, {"series": self.series_name(self.src.liveness, {
-                    "job": "prefixwatch", "instance": "prefixwatch:10089"}),
+                series = [*series, {"series": self.series_name(self.src.liveness, EXPORTER_JOB),
                     "values": "1+0x1000"}]
             test: dict[str, Any] = {"interval": f"{STEP}s", "input_series": series,
                                     "alert_rule_test": alerts}
@@ -210,7 +227,7 @@ class Cases:
         # 1. The timestamp collapse, 89% -> 3% at 60m: critical within 5 minutes (aim 3),
         #    nothing before, the warning path inhibited later by Alertmanager.
         #    The description names what the exporter diagnosed (and not what it did not).
-        collapse = [Phase(60, 1000, 0.89), Phase(30, 1000, 0.03)]
+        collapse = [Phase(60, busy, 0.89), Phase(30, busy, 0.03)]
         diagnosed = [self.diagnosis("vllm-0:8000", "prefix_divergence", 61, 29),
                      self.diagnosis("vllm-0:8000", "eviction_pressure", 90, 0)]
         case(self.traffic(collapse) + diagnosed, [
@@ -221,70 +238,85 @@ class Cases:
         ], [{"expr": r_ratio("model_name", "5m"), "eval_time": "30m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "5m")}{{model_name="{MODEL}"}}',
                               "value": 0.89}]}])
-        # 2. A slow drift, 85% -> 55% over two hours, crossing 70% at 60m: fires within 30m.
-        #    Two-minute steps, so the 1m window at 75m30s lies inside one step (74m-76m), and so
-        #    does the one evaluation before (rule groups may run in either order).
-        drift = [Phase(2, 1000, 0.85 - 0.30 * i / 60) for i in range(60)]
+        # 2. A slow drift, threshold+15% -> threshold-15% over two hours, crossing the threshold
+        #    at 60m: fires within 30m. Two-minute steps, so the 1m window at 75m30s lies inside
+        #    one step (74m-76m), and so does the one evaluation before (rule groups may run in
+        #    either order).
+        top = round(thr + 0.15, 6)
+        drift = [Phase(2, busy, top - 0.30 * i / 60) for i in range(60)]
         case(self.traffic(drift), [
             self.at(low, 55, []),
-            self.at(low, 75.5, [self.expect(low, "critical", m, 0.85 - 0.30 * 37 / 60)]),
+            self.at(low, 75.5, [self.expect(low, "critical", m, top - 0.30 * 37 / 60)]),
         ])
-        # 3. Regression above the threshold: 95% for 3h, then 75%: warning within 30m.
-        reg = [Phase(180, 1000, 0.95), Phase(40, 1000, 0.75)]
+        # 3. Regression above the threshold: threshold + drop + 10% for 3h, then threshold + 5%:
+        #    warning within 30m (95% -> 75% with the defaults).
+        after = round(thr + 0.05, 6)
+        before = round(min(0.99, after + cfg.regression_drop + 0.05), 6)
+        reg = [Phase(180, busy, before), Phase(40, busy, after)]
         case(self.traffic(reg), [
             self.at(regression, 180, []),
-            self.at(regression, 205, [self.expect(regression, "warning", m, 0.75)]),
+            self.at(regression, 205, [self.expect(regression, "warning", m, after)]),
             self.at(low, 215, []),
         ])
         # 4. No traffic at all after a busy hour: no alert (no NaN comparisons).
-        idle = [Phase(30, 1000, 0.9), Phase(60, 0, 0.0)]
+        idle = [Phase(30, busy, 0.9), Phase(60, 0, 0.0)]
         case(self.traffic(idle), [self.at(low, 60, []), self.at(low, 89, []),
                                   self.at(regression, 89, [])])
-        # 5. A trickle (10 tokens/s) that never hits: too small to mean anything.
-        case(self.traffic([Phase(60, 10, 0.0)]), [self.at(low, 30, []), self.at(low, 59, [])])
-        # 6. A restart: counters reset, a cold cache for 5 minutes, then warm again: quiet.
-        restart = [Phase(40, 1000, 0.9), Phase(5, 1000, 0.2, reset=True), Phase(30, 1000, 0.9)]
-        case(self.traffic(restart), [self.at(low, 44, []), self.at(low, 47, []),
-                                     self.at(low, 55, [])])
+        # 5. A trickle (a tenth of the traffic floor) that never hits: too small to mean anything.
+        trickle = cfg.min_query_tokens_per_second / 10
+        case(self.traffic([Phase(60, trickle, 0.0)]), [self.at(low, 30, []),
+                                                       self.at(low, 59, [])])
+        # 6. A restart: counters reset, a cold cache for half the cold start, then warm again:
+        #    quiet.
+        warm = max(0.9, round(thr + 0.1, 6))
+        chill = round(min(0.2, thr / 2), 6)  # a cold cache's ratio, below the threshold
+        restart = [Phase(40, busy, warm), Phase(cold / 2, busy, chill, reset=True),
+                   Phase(30, busy, warm)]
+        case(self.traffic(restart), [self.at(low, 40 + 0.4 * cold, []),
+                                     self.at(low, 40 + 0.7 * cold, []),
+                                     self.at(low, 50 + cold / 2, [])])
         #    ...but a cache that stays cold after the cold-start window does fire.
-        stuck = [Phase(40, 1000, 0.9), Phase(30, 1000, 0.2, reset=True)]
-        case(self.traffic(stuck), [self.at(low, 48, []),
-                                   self.at(low, 55, [self.expect(low, "critical", m, 0.2)])])
+        stuck = [Phase(40, busy, warm), Phase(cold + 20, busy, chill, reset=True)]
+        case(self.traffic(stuck), [
+            self.at(low, 40 + 0.8 * cold, []),
+            self.at(low, 45 + cold, [self.expect(low, "critical", m, chill)])])
         # 7. A dip shorter than two minutes: no page.
-        dip = [Phase(40, 1000, 0.9), Phase(1.75, 1000, 0.03), Phase(20, 1000, 0.9)]
+        dip = [Phase(40, busy, warm), Phase(1.75, busy, 0.03), Phase(20, busy, warm)]
         case(self.traffic(dip), [self.at(low, m_, []) for m_ in (41, 42, 43, 44, 46, 50)])
         # 8. One replica far below the fleet (90% vs 20%): outlier warning.
         #    Causes diagnosed on several replicas are named once each, sorted.
-        good = self.traffic([Phase(60, 1000, 0.9)], target="vllm-0:8000")
-        bad = self.traffic([Phase(60, 1000, 0.2)], target="vllm-1:8000")
+        lag = max(0.0, round(0.7 - 2 * cfg.outlier_gap, 6))  # below fleet - gap
+        good = self.traffic([Phase(60, busy, 0.9)], target="vllm-0:8000")
+        bad = self.traffic([Phase(60, busy, lag)], target="vllm-1:8000")
         causes = [self.diagnosis("vllm-0:8000", "routing_spread", 5, 55),
                   self.diagnosis("vllm-1:8000", "routing_spread", 5, 55),
                   self.diagnosis("vllm-1:8000", "eviction_pressure", 5, 55)]
         case(good + bad + causes, [
             self.at(ALERT_OUTLIER, 10, []),
             self.at(ALERT_OUTLIER, 45, [self.expect(
-                ALERT_OUTLIER, "warning", {**m, "target": "vllm-1:8000"}, 0.2,
+                ALERT_OUTLIER, "warning", {**m, "target": "vllm-1:8000"}, lag,
                 ["eviction_pressure", "routing_spread"])]),
         ], [{"expr": r_ratio("model_name", "15m"), "eval_time": "45m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "15m")}{{model_name="{MODEL}"}}',
-                              "value": 0.55}]}])
+                              "value": (0.9 + lag) / 2}]}])
         # 9. A full KV pool with preemptions (or a queue, on SGLang): eviction warning.
         if self.src.kv_usage:
-            pressure = [self.gauge(self.src.kv_usage, 0.98, 60, "vllm-0:8000")]
+            full = 0.98 if cfg.kv_usage_high < 0.98 else (1 + cfg.kv_usage_high) / 2
+            pressure = [self.gauge(self.src.kv_usage, full, 60, "vllm-0:8000")]
             if self.src.preemptions:
                 pressure.append(self.counter_rate(self.src.preemptions, 3, 60, "vllm-0:8000"))
             else:
                 assert self.src.waiting
                 pressure.append(self.gauge(self.src.waiting, 4, 60, "vllm-0:8000"))
-            calm = [self.gauge(self.src.kv_usage, 0.98, 60, "vllm-1:8000")]
-            case(self.traffic([Phase(60, 1000, 0.5)]) + pressure + calm, [
+            calm = [self.gauge(self.src.kv_usage, full, 60, "vllm-1:8000")]
+            case(self.traffic([Phase(60, busy, 0.5)]) + pressure + calm, [
                 self.at(ALERT_EVICTION, 5, []),
                 self.at(ALERT_EVICTION, 30, [self.expect(
-                    ALERT_EVICTION, "warning", {**m, "target": "vllm-0:8000"}, 0.98)]),
+                    ALERT_EVICTION, "warning", {**m, "target": "vllm-0:8000"}, full)]),
             ])
         # 10. The series vanish at 30m: metrics-absent fires for the model; hit-rate alerts
         #     cannot, which is why Alertmanager inhibits them on this alert.
-        case(self.traffic([Phase(60, 1000, 0.9)], vanish_after=30), [
+        case(self.traffic([Phase(60, busy, 0.9)], vanish_after=30), [
             self.at(ALERT_ABSENT, 30, []),
             self.at(ALERT_ABSENT, 40, [self.expect(ALERT_ABSENT, "warning", m, 1),
                                        self.expect(ALERT_ABSENT, "warning", {}, 1)]),
@@ -297,15 +329,14 @@ class Cases:
         if self.src.target_up:
             # 12. The exporter says a target is down.
             up = {"series": self.series_name(self.src.target_up, {
-                "job": "prefixwatch", "instance": "prefixwatch:10089", "target": "vllm-0:8000"}),
+                **EXPORTER_JOB, "target": "vllm-0:8000"}),
                 "values": "1+0x20 0+0x40"}
-            build = {"series": self.series_name(self.src.liveness, {
-                "job": "prefixwatch", "instance": "prefixwatch:10089"}), "values": "1+0x60"}
-            case(self.traffic([Phase(60, 1000, 0.9)]) + [up, build], [
+            build = {"series": self.series_name(self.src.liveness, EXPORTER_JOB),
+                     "values": "1+0x60"}
+            case(self.traffic([Phase(60, busy, 0.9)]) + [up, build], [
                 self.at(ALERT_ABSENT, 6, []),
                 self.at(ALERT_ABSENT, 15, [self.expect(ALERT_ABSENT, "warning", {
-                    "job": "prefixwatch", "instance": "prefixwatch:10089",
-                    "target": "vllm-0:8000"}, 0)]),
+                    **EXPORTER_JOB, "target": "vllm-0:8000"}, 0)]),
             ])
         # 13. Recording rules: the fleet ratio sums before dividing, the baseline is offset.
         busy = self.traffic([Phase(200, 3000, 0.9)], target="vllm-0:8000")
@@ -334,8 +365,7 @@ class Cases:
                 half.append({"series": self.series_name(metric, self.base_labels(
                     "vllm-0:8000")), "values": values})
         achievable = {"series": self.series_name(OUT_ACHIEVABLE.name, {
-            "job": "prefixwatch", "instance": "prefixwatch:10089", "model_name": MODEL,
-            "window": "5m"}), "values": "0.75+0x120"}
+            **EXPORTER_JOB, "model_name": MODEL, "window": "5m"}), "values": "0.75+0x120"}
         exprs = [{"expr": f"round({R_MISSED}, 0.001)", "eval_time": "20m",  # float noise
                   "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}', "value": 250}]}]
         if self.src.prompt_tokens and self.src.prompt_tokens_cached:
@@ -355,8 +385,8 @@ def _dur(minutes: float) -> str:
     return f"{seconds // 60}m{seconds % 60}s" if seconds % 60 else f"{seconds // 60}m"
 
 
-def render(source: str, rule_file: str, cfg: RulesConfig | None = None) -> str:
-    doc = Cases(source, cfg or RulesConfig(), rule_file).document()
+def render(source: str, rule_file: str, cfg: MixinConfig | None = None) -> str:
+    doc = Cases(source, cfg or MixinConfig(), rule_file).document()
     header = (f"# Generated by `prefixwatch rules --write-all`: promtool unit tests for the\n"
               f"# {source} rules. Run: promtool test rules {rule_file.rsplit('/', 1)[0]}/"
               f"tests/*.yml\n")

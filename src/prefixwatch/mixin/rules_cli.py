@@ -1,31 +1,37 @@
-"""`prefixwatch rules`: write the rules, the Alertmanager config and their promtool tests."""
+"""`prefixwatch rules`: the rules, the Alertmanager config and their promtool tests, as views of
+``artifacts.render_all`` under one mixin config."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
-from prefixwatch.core.errors import ConfigError
-from prefixwatch.mixin import alertmanager, alerttests, rules
+from prefixwatch.mixin import alertmanager, artifacts, rules
+from prefixwatch.mixin.config import MixinConfig, load_config
+from prefixwatch.mixin.sources import SOURCES
 
 log = logging.getLogger("prefixwatch.rules")
+
+
+def add_config_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="mixin config (YAML): threshold and per-model overrides, selectors, "
+                        "cluster label, windows, ... (every key: alerts/mixin.example.yml)")
 
 
 def add_rules_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "rules", help="generate Prometheus rules and Alertmanager routing",
         description="Generate recording and alerting rules for prefix-cache hit rates from the "
-                    "catalog. --source exporter reads the prefixwatch_* series; vllm and "
+                    "mixin config. --source exporter reads the prefixwatch_* series; vllm and "
                     "sglang read the engine's own series, for Prometheus scraping it directly.")
-    p.add_argument("--source", choices=rules.SOURCES, default="exporter",
+    p.add_argument("--source", choices=SOURCES, default="exporter",
                    help="which series the rules read (default exporter)")
     p.add_argument("--threshold", type=float, metavar="RATIO",
-                   help="hit ratio below which PrefixCacheHitRateLow fires (default 0.7)")
-    p.add_argument("--config", metavar="FILE",
-                   help="YAML: threshold, per-model thresholds and opt-outs, selector, "
-                        "minimum traffic, ... (see alerts/rules-config.example.yml)")
+                   help="hit ratio below which PrefixCacheHitRateLow fires (default: the "
+                        "config's hit_ratio_threshold, else 0.7)")
+    add_config_argument(p)
     p.add_argument("--alertmanager", action="store_true",
                    help="write the Alertmanager config instead (receiver URLs from "
                         f"${alertmanager.ENV_PAGER}, ${alertmanager.ENV_TICKET}, "
@@ -36,38 +42,22 @@ def add_rules_parser(sub: argparse._SubParsersAction) -> None:
                         "into DIR (what is committed under alerts/)")
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)  # never a half-written rule file for Prometheus to load
-    log.info("wrote %s", path)
-
-
-def write_all(directory: Path, cfg: rules.RulesConfig) -> list[Path]:
-    written = []
-    for source in rules.SOURCES:
-        rule_name = f"prefixwatch.{source}.rules.yml"
-        _write(directory / rule_name, rules.render(source, cfg))
-        _write(directory / "tests" / f"prefixwatch.{source}.test.yml",
-               alerttests.render(source, f"../{rule_name}", cfg))
-        written += [directory / rule_name, directory / "tests" / f"prefixwatch.{source}.test.yml"]
-    _write(directory / "alertmanager.yml", alertmanager.render(environ={}))
-    written.append(directory / "alertmanager.yml")
-    return written
+def write_all(directory: Path, cfg: MixinConfig) -> list[Path]:
+    """What is committed under alerts/, written into ``directory``."""
+    return artifacts.write_files(artifacts.under(artifacts.render_all(cfg), artifacts.ALERTS_DIR),
+                                 directory)
 
 
 def run_rules(args: argparse.Namespace) -> int:
-    try:
-        cfg = rules.load_config(args.config, args.threshold)
-    except rules.RulesConfigError as exc:
-        raise ConfigError(str(exc)) from exc
+    cfg = load_config(args.config, args.threshold)  # ConfigError: one line, exit 2
     if args.write_all:
-        write_all(Path(args.write_all), cfg)
+        for path in write_all(Path(args.write_all), cfg):
+            log.info("wrote %s", path)
         return 0
-    text = alertmanager.render() if args.alertmanager else rules.render(args.source, cfg)
+    text = (alertmanager.render(cfg=cfg) if args.alertmanager
+            else rules.render(args.source, cfg))
     if args.out:
-        _write(Path(args.out), text)
+        artifacts.write_files({Path(args.out).name: text}, Path(args.out).parent)
     else:
         print(text, end="")
     return 0

@@ -1,0 +1,291 @@
+"""ONE config for the whole mixin, like kubernetes-mixin's ``_config``.
+
+Rules, recording rules, alerts, Alertmanager routing, dashboards, the Kubernetes manifests (and
+the exporter config they mount) all read a ``MixinConfig``; nothing of the mixin hard-codes a
+threshold, a selector or a window. ``alerts/mixin.example.yml`` documents every key. Errors name
+the file, line and column of the offending key, as a compiler would.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import yaml
+
+from prefixwatch.core import names, rulenames, settings
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.settings import DiagnosisSettings
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.yamlfile import load_mapping
+
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_MATCHER = r'\s*[a-zA-Z_]\w*\s*(?:=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"(?:{_MATCHER})(?:,(?:{_MATCHER}))*,?\s*")
+#: Labels the mixin itself aggregates by: a cluster label must be another one.
+_RESERVED_LABELS = {names.L_MODEL, names.L_TARGET, "instance", "job", "le", "quantile",
+                    names.L_CAUSE, "alertname", "severity"}
+
+
+@dataclass(frozen=True)
+class ModelOverride:
+    """Per model: another hit-ratio threshold, or no hit-rate alerts at all."""
+
+    threshold: float | None = None
+    disabled: bool = False
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """What a dashboard opens with."""
+
+    refresh: str = "30s"
+    time_from: str = "now-3h"
+    time_to: str = "now"
+    timezone: str = "browser"
+
+
+@dataclass(frozen=True)
+class MixinConfig:
+    """Everything a user may tune; the defaults are the documented ones."""
+
+    #: Regex of the scrape job(s) whose series the rules read ('' = every job).
+    job: str = ""
+    #: Extra matchers added to every raw series, e.g. 'namespace="prod"'.
+    matchers: str = ""
+    #: Label naming the Prometheus (cluster) a series comes from, in a global view.
+    cluster_label: str | None = None
+    hit_ratio_threshold: float = names.DEFAULT_HIT_RATIO_THRESHOLD
+    models: Mapping[str, ModelOverride] = field(default_factory=dict)
+    #: Windows of the recorded fleet hit ratios (must hold the alerts' 1m, 5m and 15m).
+    windows: tuple[str, ...] = rulenames.RATIO_WINDOWS
+    #: Prompt tokens per second (per model) below which no hit-rate alert fires.
+    min_query_tokens_per_second: float = 100.0
+    #: A model whose counters reset within this long is warming up: no hit-rate alert.
+    cold_start: str = "10m"
+    regression_drop: float = 0.15
+    outlier_gap: float = 0.25
+    kv_usage_high: float = 0.90
+    runbook_url_pattern: str = rulenames.DEFAULT_RUNBOOK_URL_PATTERN
+    evaluation_interval: str = "15s"
+    #: Multiplies every window and `for` (tests and the demo run the same rules in seconds).
+    time_scale: float = 1.0
+    #: vLLM's --block-size and SGLang's --page-size, for the dashboards' texts.
+    block_size: int = 16
+    page_size: int = 1
+    dashboards: DashboardSettings = field(default_factory=DashboardSettings)
+    #: The ``diagnosis:`` section as written (keys of ``core.causes.DiagnosisThresholds``,
+    #: window, cold_start); unset keys follow hit_ratio_threshold and cold_start.
+    diagnosis_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    # -- derived -----------------------------------------------------------------------------
+
+    @property
+    def threshold(self) -> float:
+        """Alias of hit_ratio_threshold (the key's name before the one config)."""
+        return self.hit_ratio_threshold
+
+    @property
+    def selector(self) -> str:
+        """The matchers every raw series gets: job and the extra matchers."""
+        parts = [f'job=~"{self.job}"'] if self.job else []
+        if self.matchers.strip():
+            parts.append(self.matchers.strip().rstrip(","))
+        return ",".join(parts)
+
+    @property
+    def diagnosis(self) -> DiagnosisSettings:
+        """The exporter's diagnosis settings this config implies (one threshold, one cold
+        start: the diagnosis section only for what differs)."""
+        return settings.diagnosis_from(
+            {settings.THRESHOLD_KEY: self.hit_ratio_threshold,
+             settings.COLD_START_KEY: self.cold_start,
+             settings.DIAGNOSIS_KEY: dict(self.diagnosis_overrides)}, "mixin config")
+
+    def runbook(self, anchor: str) -> str:
+        """The runbook URL of one section (anchors are lower-case)."""
+        return self.runbook_url_pattern.replace("{anchor}", anchor.lower())
+
+    @property
+    def runbook_home(self) -> str:
+        """The runbook page itself, for dashboard links."""
+        return self.runbook_url_pattern.replace("#{anchor}", "").replace("{anchor}", "")
+
+    def scaled(self, duration: str) -> str:
+        return prom_duration(parse_duration(duration) * self.time_scale)
+
+    def with_changes(self, **changes: Any) -> MixinConfig:
+        return replace(self, **changes)
+
+
+def prom_duration(seconds: float) -> str:
+    """Seconds as a Prometheus duration ('1h30m', '45s', '500ms')."""
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise ValueError("duration must be positive")
+    out = ""
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        if ms >= size:
+            out += f"{ms // size}{unit}"
+            ms %= size
+    return out
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+_SIMPLE = {f.name for f in fields(MixinConfig)} - {
+    "job", "matchers", "models", "dashboards", "diagnosis_overrides", "windows"}
+TOP_KEYS = frozenset(_SIMPLE | {"selectors", "models", "dashboards", "diagnosis", "windows",
+                                # names before the one config, still read
+                                "threshold", "selector", "runbook_url"})
+_DASHBOARD_KEYS = {f.name for f in fields(DashboardSettings)}
+
+
+class _Where:
+    """``file:line:column`` of a key path, from the YAML node tree."""
+
+    def __init__(self, path: str | None, text: str | None) -> None:
+        self.path = path or "mixin config"
+        self.marks: dict[tuple[str, ...], Any] = {}
+        if text is not None:
+            self._walk(yaml.compose(text), ())
+
+    def _walk(self, node: Any, prefix: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                path = (*prefix, str(key.value))
+                self.marks[path] = key.start_mark
+                self._walk(value, path)
+
+    def __call__(self, *keys: str) -> str:
+        for n in range(len(keys), 0, -1):
+            mark = self.marks.get(tuple(keys[:n]))
+            if mark is not None:
+                return f"{self.path}:{mark.line + 1}:{mark.column + 1}"
+        return self.path
+
+
+def load_config(path: str | None = None, threshold: float | None = None,
+                data: Mapping[str, Any] | None = None) -> MixinConfig:
+    """The config of a YAML file (or of ``data``), with ``threshold`` (the --threshold flag)
+    winning over the file. ConfigError names file:line:column of a bad key."""
+    text = None
+    if path:
+        data = load_mapping(path, "mixin config")
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    where = _Where(path, text)
+    data = dict(data or {})
+    unknown = set(data) - TOP_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{where(key)}: unknown key {key!r} (see alerts/mixin.example.yml)")
+    if "threshold" in data:  # the name before the one config
+        data.setdefault("hit_ratio_threshold", data.pop("threshold"))
+    if threshold is not None:
+        data["hit_ratio_threshold"] = threshold
+    kwargs: dict[str, Any] = {}
+    defaults = MixinConfig()
+    for key in _SIMPLE & set(data):
+        if data[key] is not None:
+            is_text = isinstance(getattr(defaults, key), str) or key == "cluster_label"
+            kwargs[key] = str(data[key]) if is_text else data[key]
+    kwargs.update(_selectors(data, where))
+    kwargs["models"] = _models(data.get("models"), where)
+    if data.get("windows") is not None:
+        kwargs["windows"] = _windows(data["windows"], where)
+    if data.get("dashboards") is not None:
+        kwargs["dashboards"] = _dashboards(data["dashboards"], where)
+    if data.get("runbook_url"):
+        kwargs.setdefault("runbook_url_pattern", str(data["runbook_url"]) + "#{anchor}")
+    if data.get("diagnosis") is not None:
+        if not isinstance(data["diagnosis"], Mapping):
+            raise ConfigError(f"{where('diagnosis')}: diagnosis must be a mapping")
+        kwargs["diagnosis_overrides"] = dict(data["diagnosis"])
+    try:
+        cfg = MixinConfig(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where.path}: {exc}") from exc
+    _check(cfg, where)
+    return cfg
+
+
+def _selectors(data: Mapping[str, Any], where: _Where) -> dict[str, str]:
+    section = data.get("selectors") or {}
+    if not isinstance(section, Mapping) or set(section) - {"job", "matchers"}:
+        raise ConfigError(f"{where('selectors')}: selectors takes job: and matchers:")
+    out = {k: str(v) for k, v in section.items() if v is not None}
+    if data.get("selector"):  # the name before the one config
+        out.setdefault("matchers", str(data["selector"]))
+    matchers = out.get("matchers", "")
+    if matchers.strip() and not _MATCHERS.fullmatch(matchers):
+        raise ConfigError(f"{where('selectors', 'matchers')}: matchers (selector) must look "
+                          'like job="vllm",namespace="prod"')
+    if '"' in out.get("job", "") or "\\" in out.get("job", ""):
+        raise ConfigError(f"{where('selectors', 'job')}: job is a regex without quotes")
+    return out
+
+
+def _models(section: Any, where: _Where) -> dict[str, ModelOverride]:
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where('models')}: models must map a model name to its settings")
+    out = {}
+    for model, spec in section.items():
+        at = where("models", str(model))
+        if not isinstance(spec, Mapping) or set(spec) - {"threshold", "disabled"}:
+            raise ConfigError(f"{at}: models.{model}: use threshold: and/or disabled:")
+        value = spec.get("threshold")
+        out[str(model)] = ModelOverride(
+            threshold=None if value is None else settings.check_share(
+                f"models.{model}.threshold", value, at),
+            disabled=bool(spec.get("disabled", False)))
+    return out
+
+
+def _windows(value: Any, where: _Where) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where('windows')}: windows is a list of durations")
+    out = tuple(settings.check_duration("windows", str(w), where("windows")) for w in value)
+    missing = [w for w in rulenames.ALERT_RATIO_WINDOWS if w not in out]
+    if missing:
+        raise ConfigError(f"{where('windows')}: windows must keep {', '.join(missing)} "
+                          "(the alerts read them)")
+    return out
+
+
+def _dashboards(value: Any, where: _Where) -> DashboardSettings:
+    if not isinstance(value, Mapping) or set(value) - _DASHBOARD_KEYS:
+        raise ConfigError(f"{where('dashboards')}: dashboards takes "
+                          f"{', '.join(sorted(_DASHBOARD_KEYS))}")
+    out = DashboardSettings(**{k: str(v) for k, v in value.items()})
+    settings.check_duration("dashboards.refresh", out.refresh, where("dashboards", "refresh"))
+    return out
+
+
+def _check(cfg: MixinConfig, where: _Where) -> None:
+    for name in ("hit_ratio_threshold", "regression_drop", "outlier_gap", "kv_usage_high"):
+        key = "threshold" if name == "hit_ratio_threshold" and ("threshold",) in where.marks \
+            else name
+        settings.check_share(name, getattr(cfg, name), where(key))
+    for name in ("cold_start", "evaluation_interval"):
+        settings.check_duration(name, getattr(cfg, name), where(name))
+    for name in ("time_scale", "min_query_tokens_per_second", "block_size", "page_size"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
+                value == 0 and name != "min_query_tokens_per_second"):
+            raise ConfigError(f"{where(name)}: {name} must be a positive number")
+    if cfg.cluster_label is not None and (
+            not _LABEL.fullmatch(cfg.cluster_label) or cfg.cluster_label in _RESERVED_LABELS):
+        raise ConfigError(f"{where('cluster_label')}: cluster_label must be a label name other "
+                          f"than {', '.join(sorted(_RESERVED_LABELS))}")
+    if "{anchor}" not in cfg.runbook_url_pattern:
+        raise ConfigError(f"{where('runbook_url_pattern')}: runbook_url_pattern needs "
+                          "{anchor} (the section, e.g. prefixcachehitratelow)")
+    try:
+        cfg.diagnosis  # noqa: B018 - validates the diagnosis section
+    except ConfigError as exc:
+        raise ConfigError(f"{where('diagnosis')}: {str(exc).split(': ', 1)[1]}") from exc

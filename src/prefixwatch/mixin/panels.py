@@ -1,0 +1,343 @@
+"""The dashboards' panels: PromQL and texts for one source, one config and one scope (all
+replicas, or one). Every threshold, selector and text comes from the MixinConfig; a panel whose
+series the source lacks (SGLang has no external cache, no prompt-length histogram) is left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grafanalib import core as g
+
+from prefixwatch.core import names
+from prefixwatch.core.rulenames import (
+    ALERT_LOW,
+    ALERT_PATTERN,
+    MODEL,
+    R_ACHIEVABLE,
+    R_MISSED,
+    R_SAVED_SHARE,
+    R_TTFT,
+    r_hits,
+    r_ratio,
+)
+from prefixwatch.mixin.config import MixinConfig
+from prefixwatch.mixin.layout import Placed
+from prefixwatch.mixin.sources import Source
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+class Panels:
+    """Panels in the order they are added; ``layout.flow`` places them."""
+
+    def __init__(self, s: Source, cfg: MixinConfig, one_replica: bool) -> None:
+        self.s = s
+        self.cfg = cfg
+        self.one = one_replica
+        self.placed: list[Placed] = []
+        self.thr = cfg.hit_ratio_threshold
+
+    # -- selectors ---------------------------------------------------------------------------
+
+    def matchers(self, *, model: bool = True, replica: str | None = None,
+                 raw: bool = True) -> str:
+        """``{cluster, job, model, replica, extra matchers}`` as the scope asks; recorded
+        series (raw=False) carry only the cluster and the model."""
+        parts = []
+        if self.cfg.cluster_label:
+            parts.append(f'{self.cfg.cluster_label}=~"$cluster"')
+        if raw:
+            parts.append('job=~"$job"')
+        if model:
+            parts.append('model_name=~"$model"')
+        replica = replica if replica is not None else self.s.replica_label
+        if raw and self.one and replica:
+            parts.append(f'{replica}=~"$instance"')
+        if raw and self.cfg.matchers.strip():
+            parts.append(self.cfg.matchers.strip().rstrip(","))
+        return "{" + ",".join(parts) + "}"
+
+    def sel(self, metric: str) -> str:
+        return metric + self.matchers()
+
+    def recorded(self, name: str, extra: str = "") -> str:
+        inner = self.matchers(raw=False)[:-1] + (f",{extra}" if extra else "") + "}"
+        return name + inner
+
+    def rate(self, metric: str) -> str:
+        return f"rate({self.sel(metric)}[$__rate_interval])"
+
+    def ratio(self, by: str) -> str:
+        hits = f"sum by ({by}) ({self.rate(self.s.hits)})"
+        queries = f"sum by ({by}) ({self.rate(self.s.queries)})"
+        return f"{hits}\n/\n({queries} > 0)"
+
+    def quantile(self, q: str, bucket: str, by: str = "model_name") -> str:
+        return f"histogram_quantile({q}, sum by ({by}, le) ({self.rate(bucket)}))"
+
+    @staticmethod
+    def target(expr: str, legend: str, ref: str) -> g.Target:
+        return g.Target(expr=expr, legendFormat=legend, refId=ref, datasource=DATASOURCE)
+
+    def add(self, panel: Any, w: int, h: int) -> None:
+        panel.dataSource = DATASOURCE
+        self.placed.append(Placed(panel, w, h))
+
+    def hit_thresholds(self) -> list[g.Threshold]:
+        return [g.Threshold("red", 0, 0.0), g.Threshold("green", 1, self.thr)]
+
+    def threshold_note(self) -> str:
+        own = sorted(m for m, o in self.cfg.models.items()
+                     if o.threshold is not None or o.disabled)
+        return f" (the default; {', '.join(own)} have their own)" if own else ""
+
+    # -- panels ------------------------------------------------------------------------------
+
+    def hit_rate_now(self, w: int = 6, h: int = 5) -> None:
+        expr = self.ratio("model_name") if self.one else self.recorded(r_ratio(MODEL, "5m"))
+        self.add(g.Stat(
+            title="Hit rate now (5m)",
+            description=f"Share of prompt tokens served from the prefix cache over the last 5 "
+                        f"minutes, per model (sum of hits over sum of queries, all replicas). "
+                        f"Red below {self.thr:.0%}{self.threshold_note()}, where {ALERT_LOW} "
+                        f"fires. Empty means no traffic, not a broken cache.",
+            targets=[self.target(expr, "{{model_name}}", "A")],
+            format="percentunit", decimals=1, reduceCalc="lastNotNull", graphMode="area",
+            noValue="no traffic", thresholds=self.hit_thresholds()), w, h)
+
+    def ttft_now(self, w: int = 6, h: int = 5) -> None:
+        quantiles = (("0.5", "50", "A"), ("0.95", "95", "B"))
+        assert self.s.ttft_bucket
+        if self.one:
+            targets = [self.target(self.quantile(q, self.s.ttft_bucket),
+                                   f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
+        else:
+            targets = [self.target(self.recorded(R_TTFT, f'quantile="{q}"'),
+                                   f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
+        self.add(g.Stat(
+            title="TTFT p50 / p95 (5m)",
+            description="Time to first token. When the hit rate falls, TTFT rises: prompts "
+                        "are prefilled from scratch. If the hit rate fell and TTFT did not "
+                        "move, the cache was not helping where the traffic goes.",
+            targets=targets, format="s", decimals=2, reduceCalc="lastNotNull",
+            thresholds=[g.Threshold("green", 0, 0.0), g.Threshold("orange", 1, 1.0)]), w, h)
+
+    def tokens_saved(self, w: int = 6, h: int = 5) -> None:
+        self.add(g.Stat(
+            title="Prefill tokens saved per second",
+            description="Prompt tokens per second served from the prefix cache instead of "
+                        "being prefilled: the GPU work the cache saves right now.",
+            targets=[self.target(f"sum ({self.rate(self.s.hits)})", "tokens/s", "A")],
+            format="short", decimals=0, reduceCalc="lastNotNull",
+            thresholds=[g.Threshold("blue", 0, 0.0)]), w, h)
+
+    def firing_alerts(self, w: int = 6, h: int = 5) -> None:
+        cluster = (f',{self.cfg.cluster_label}=~"$cluster"' if self.cfg.cluster_label else "")
+        expr = (f'count(ALERTS{{alertstate="firing",alertname=~"{ALERT_PATTERN}"{cluster}}}) '
+                "or vector(0)")
+        self.add(g.Stat(
+            title="Firing prefix-cache alerts",
+            description="PrefixCache* alerts firing now (see the runbook link above). 0 is "
+                        "good; the Watchdog is not counted.",
+            targets=[self.target(expr, "firing", "A")], format="short", decimals=0,
+            reduceCalc="lastNotNull", graphMode="none",
+            thresholds=[g.Threshold("green", 0, 0.0), g.Threshold("red", 1, 1.0)]), w, h)
+
+    def hit_rate_over_time(self, w: int = 12, h: int = 8) -> None:
+        self.add(g.TimeSeries(
+            title="Hit rate over time",
+            description=f"Prefix-cache hit rate per model, with the {self.thr:.0%} alert "
+                        f"threshold drawn{self.threshold_note()}. A cliff is a deploy (a prompt "
+                        "that now changes near the top); a slope is a drift (more distinct "
+                        "prefixes, a fuller pool).",
+            targets=[self.target(self.ratio("model_name"), "{{model_name}}", "A")],
+            unit="percentunit", valueMin=0, valueMax=1, thresholdsStyleMode="line",
+            thresholds=self.hit_thresholds()), w, h)
+
+    def hit_rate_vs_ttft(self, w: int = 12, h: int = 8) -> None:
+        assert self.s.ttft_bucket
+        overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
+                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                     {"id": "unit", "value": "s"},
+                                     {"id": "min", "value": 0}]}]
+        self.add(g.TimeSeries(
+            title="Hit rate and TTFT",
+            description="Hit rate (left axis) against TTFT p50/p95 (right axis). They should "
+                        "mirror each other: when the hit rate falls, TTFT rises. If the hit "
+                        "rate moves and TTFT does not, the cache or the routing is "
+                        "misconfigured.",
+            targets=[self.target(self.ratio("model_name"), "hit rate {{model_name}}", "A"),
+                     self.target(self.quantile("0.5", self.s.ttft_bucket),
+                                 "TTFT p50 {{model_name}}", "B"),
+                     self.target(self.quantile("0.95", self.s.ttft_bucket),
+                                 "TTFT p95 {{model_name}}", "C")],
+            unit="percentunit", valueMin=0, overrides=overrides), w, h)
+
+    def cached_vs_computed(self, w: int = 12, h: int = 8) -> None:
+        cached = f"sum ({self.rate(self.s.hits)})"
+        computed = f"sum ({self.rate(self.s.queries)})\n-\nsum ({self.rate(self.s.hits)})"
+        self.add(g.TimeSeries(
+            title="Prompt tokens: cached vs computed",
+            description="Prompt tokens per second served from cache (saved) and prefilled "
+                        "(computed), stacked: the top of the stack is the prompt load. A "
+                        "growing computed band at the same load is a falling hit rate.",
+            targets=[self.target(cached, "cached", "A"), self.target(computed, "computed", "B")],
+            unit="short", stacking={"mode": "normal", "group": "A"}, fillOpacity=40), w, h)
+
+    def per_replica(self, w: int = 12, h: int = 8) -> None:
+        replica = self.s.replica_label
+        self.add(g.TimeSeries(
+            title="Hit rate per replica",
+            description="Each replica's hit rate. One far below its peers points at routing "
+                        "(round-robin spreads each prefix over every replica) or at eviction "
+                        "on that node; see PrefixCacheReplicaOutlier.",
+            targets=[self.target(self.ratio(f"model_name, {replica}"),
+                                 f"{{{{{replica}}}}} {{{{model_name}}}}", "A")],
+            unit="percentunit", valueMin=0, valueMax=1, thresholdsStyleMode="line",
+            thresholds=self.hit_thresholds()), w, h)
+
+    def kv_and_pressure(self, w: int = 12, h: int = 8) -> None:
+        """KV usage with preemptions (vLLM) or, without them (SGLang), the queue."""
+        s, replica = self.s, self.s.replica_label
+        if not s.kv_usage:
+            return
+        second, label = (s.preemptions, "preemptions") if s.preemptions else (s.waiting,
+                                                                             "waiting")
+        assert second
+        per_second = (f"sum by ({replica}) ({self.rate(second)})" if s.preemptions
+                      else f"sum by ({replica}) ({self.sel(second)})")
+        overrides = [{"matcher": {"id": "byRegexp", "options": f"{label}.*"},
+                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                     {"id": "unit", "value": "short"},
+                                     {"id": "custom.drawStyle", "value": "bars"}]}]
+        what = ("preemptions per second" if s.preemptions else "requests waiting")
+        self.add(g.TimeSeries(
+            title="KV-cache usage and preemptions" if s.preemptions
+            else "KV-cache usage and waiting requests",
+            description=f"KV-cache pool usage per replica (left) and {what} (right). Usage "
+                        f"near 100% with {label} means cached prefixes are evicted before "
+                        "reuse: see PrefixCacheEvictionPressure.",
+            targets=[self.target(f"max by ({replica}) ({self.sel(s.kv_usage)})",
+                                 f"usage {{{{{replica}}}}}", "A"),
+                     self.target(per_second, f"{label} {{{{{replica}}}}}", "B")],
+            unit="percentunit", valueMin=0, overrides=overrides), w, h)
+
+    def prompt_length(self, w: int = 12, h: int = 8) -> None:
+        if not self.s.prompt_len_bucket:
+            return
+        unit = (f"one page ({self.cfg.page_size} tokens)" if self.s.engine == "sglang"
+                else f"one block ({self.cfg.block_size} tokens)")
+        self.add(g.TimeSeries(
+            title="Prompt length p50 vs p99",
+            description=f"Prompt tokens per request. Prompts under {unit} can never hit; a "
+                        "p99 far above the p50 means prompts share little, so the cache cannot "
+                        "help much.",
+            targets=[self.target(self.quantile("0.5", self.s.prompt_len_bucket),
+                                 "p50 {{model_name}}", "A"),
+                     self.target(self.quantile("0.99", self.s.prompt_len_bucket),
+                                 "p99 {{model_name}}", "B")],
+            unit="short"), w, h)
+
+    def external_cache(self, w: int = 12, h: int = 8) -> None:
+        if not (self.s.ext_hits and self.s.ext_queries):
+            return
+        ratio = (f"sum ({self.rate(self.s.ext_hits)})\n/\n"
+                 f"(sum ({self.rate(self.s.ext_queries)}) > 0)")
+        overrides = [{"matcher": {"id": "byName", "options": "external queries"},
+                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                     {"id": "unit", "value": "short"}]}]
+        self.add(g.TimeSeries(
+            title="External (KV connector) cache",
+            description="Hit rate of an external KV cache (LMCache, NIXL, ... through vLLM's "
+                        "KV connector) and the tokens per second looked up there. Without a "
+                        "connector the lookups stay at 0 and there is no hit rate to show.",
+            targets=[self.target(ratio, "external hit rate", "A"),
+                     self.target(f"sum ({self.rate(self.s.ext_queries)})", "external queries",
+                                 "B")],
+            unit="percentunit", valueMin=0, overrides=overrides), w, h)
+
+    def requests(self, w: int = 12, h: int = 8) -> None:
+        assert self.s.running and self.s.waiting
+        self.add(g.TimeSeries(
+            title="Requests running and waiting",
+            description="Requests in the running batch and in the queue. A queue that grows "
+                        "while the hit rate falls is prefill work the cache no longer saves.",
+            targets=[self.target(f"sum ({self.sel(self.s.running)})", "running", "A"),
+                     self.target(f"sum ({self.sel(self.s.waiting)})", "waiting", "B")],
+            unit="short"), w, h)
+
+    def why_low(self, w: int = 12, h: int = 8) -> None:
+        diag = names.OUT_DIAGNOSIS.name + self.matchers(replica="")
+        self.add(g.StateTimeline(
+            title="Why is it low?",
+            description="The exporter's diagnosis: each cause of a low hit rate, red while it "
+                        "holds on any replica of the selected models (prefixwatch_diagnosis). "
+                        "prefix_divergence and routing_spread need the exporter's "
+                        "--requests-log. Every cause has a runbook section: "
+                        f"{self.cfg.runbook('diagnosis')}",
+            targets=[self.target(f"max by (cause) ({diag})", "{{cause}}", "A")],
+            mappings=[{"type": "value", "options": {
+                "0": {"text": "no", "color": "green", "index": 0},
+                "1": {"text": "yes", "color": "red", "index": 1}}}],
+            thresholds=[g.Threshold("green", 0, 0.0), g.Threshold("red", 1, 1.0)],
+            showValue="never", mergeValues=True), w, h)
+
+    def achievable_vs_achieved(self, w: int = 12, h: int = 8) -> None:
+        self.add(g.TimeSeries(
+            title="Achievable vs achieved hit rate",
+            description="Achieved: the fleet's hit rate (5m). Achievable: what an unlimited "
+                        "cache would have served of the same requests (the exporter's "
+                        "--requests-log, vLLM's caching rule). Both low: the prompts differ "
+                        "near the top (prefix_divergence; run `prefixwatch audit`). Achievable "
+                        "high, achieved low: the cache forgot (eviction_pressure) or the "
+                        "traffic is spread over replicas (routing_spread).",
+            targets=[self.target(self.recorded(r_ratio(MODEL, "5m")), "achieved {{model_name}}",
+                                 "A"),
+                     self.target(self.recorded(R_ACHIEVABLE), "achievable {{model_name}}", "B")],
+            unit="percentunit", valueMin=0, valueMax=1, thresholdsStyleMode="line",
+            thresholds=self.hit_thresholds()), w, h)
+
+    def capacity(self, w: int = 12, h: int = 8) -> None:
+        overrides = [{"matcher": {"id": "byRegexp", "options": "share saved.*"},
+                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                     {"id": "unit", "value": "percentunit"},
+                                     {"id": "min", "value": 0}, {"id": "max", "value": 1}]}]
+        self.add(g.TimeSeries(
+            title="Capacity: prefill served by cache, and what more was achievable",
+            description="Arithmetic you can check (5m rates, recording rules in "
+                        "alerts/): served = Δhits/Δt, prompt tokens per second the prefix "
+                        "cache served instead of prefilling; recomputable = (achievable − "
+                        "achieved) × Δqueries/Δt, prefill tokens per second recomputed that an "
+                        "unlimited cache would have served (needs --requests-log); share saved "
+                        "= Δcached prompt tokens / Δprompt tokens (right axis), the share of "
+                        "prefill work the caches saved. Divide tokens/s by one GPU's prefill "
+                        "throughput for GPUs' worth of prefill.",
+            targets=[self.target(self.recorded(r_hits(MODEL, "5m")),
+                                 "served from cache {{model_name}}", "A"),
+                     self.target(self.recorded(R_MISSED), "recomputable {{model_name}}", "B"),
+                     self.target(self.recorded(R_SAVED_SHARE), "share saved {{model_name}}",
+                                 "C")],
+            unit="short", valueMin=0, overrides=overrides), w, h)
+
+    def scrape_health(self, w: int = 12, h: int = 8) -> None:
+        if self.s.target_up and self.s.scrape_errors:
+            scope = self.matchers(model=False)
+            targets = [
+                self.target(f"{self.s.target_up}{scope}", "up {{target}}", "A"),
+                self.target(f"sum by (reason) (rate({self.s.scrape_errors}{scope}"
+                            "[$__rate_interval]))", "errors: {{reason}}", "B")]
+            text = ("Whether the exporter can read each vLLM target (1 = up), and why not when "
+                    "it cannot (connect, timeout, http_status, parse, ...). Without data here "
+                    "the other panels and the alerts are blind: see PrefixCacheMetricsAbsent.")
+        else:
+            scope = self.matchers(model=False, replica="instance")
+            targets = [self.target(f"up{scope}", "up {{instance}}", "A"),
+                       self.target(f"scrape_duration_seconds{scope}",
+                                   "scrape seconds {{instance}}", "B")]
+            text = (f"Whether Prometheus can scrape each {ENGINE_NAMES[self.s.engine]} server "
+                    "(1 = up) and how long a scrape takes. Without data here the other panels "
+                    "and the alerts are blind: see PrefixCacheMetricsAbsent.")
+        self.add(g.TimeSeries(title="Targets up and scrape errors", description=text,
+                              targets=targets, unit="short", valueMin=0), w, h)
