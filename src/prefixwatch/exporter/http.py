@@ -41,11 +41,13 @@ class BoundedHTTPServer(HTTPServer):
                  queue_size: int = QUEUE_SIZE, deadline: float = REQUEST_DEADLINE) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
+        # Before binding: a failed bind calls server_close(), which must find these.
+        self._queue: queue.Queue[tuple[socket.socket, object, float] | None] = queue.Queue(
+            queue_size)
+        self._workers: list[threading.Thread] = []
         super().__init__(address, handler)
         self.ssl_context = ssl_context
         self.deadline = deadline
-        self._queue: queue.Queue[tuple[socket.socket, object, float] | None] = queue.Queue(
-            queue_size)
         self._workers = [threading.Thread(target=self._work, name=f"http-{i}", daemon=True)
                          for i in range(workers)]
         for thread in self._workers:
