@@ -8,6 +8,7 @@ exporter, vLLM and SGLang rule files are all held to the same behaviour. Run the
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -230,11 +231,14 @@ class Cases:
         collapse = [Phase(60, busy, 0.89), Phase(30, busy, 0.03)]
         diagnosed = [self.diagnosis("vllm-0:8000", "prefix_divergence", 61, 29),
                      self.diagnosis("vllm-0:8000", "eviction_pressure", 90, 0)]
+        #    The 5m ratio falls below the threshold (5 * (0.89 - thr) / 0.86) minutes after the
+        #    switch, then `for: 2m`: 64m at 70%, later for a lower threshold.
+        paged = 60 + math.ceil(5 * (0.89 - thr) / 0.86 + 2.75)
         case(self.traffic(collapse) + diagnosed, [
             self.at(low, 60, []),
             self.at(low, 62, []),
-            self.at(low, 64, [self.expect(low, "critical", m, 0.03, ["prefix_divergence"])]),
-            self.at(regression, 64, []),
+            self.at(low, paged, [self.expect(low, "critical", m, 0.03, ["prefix_divergence"])]),
+            self.at(regression, paged, []),
         ], [{"expr": r_ratio("model_name", "5m"), "eval_time": "30m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "5m")}{{model_name="{MODEL}"}}',
                               "value": 0.89}]}])

@@ -34,7 +34,7 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--model", metavar="NAME",
                    help="model_name to report on (default: the busiest in range)")
     p.add_argument("--config", metavar="FILE",
-                   help="the mixin's rules config (alerts/rules-config.example.yml): its "
+                   help="the mixin's rules config (alerts/mixin.example.yml): its "
                         "threshold is drawn and used for the phases")
     p.add_argument("--threshold", type=float, metavar="RATIO",
                    help="alert threshold (0-1; default: the config's, else the default)")

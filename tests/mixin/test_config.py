@@ -1,0 +1,103 @@
+"""The one mixin config: documented key by key, and reaching every generated artifact."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prefixwatch.core.causes import DiagnosisThresholds
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.mixin import artifacts
+from prefixwatch.mixin.config import TOP_KEYS, DashboardSettings, MixinConfig, load_config
+from tests.conftest import require_binary
+
+ROOT = Path(__file__).parents[2]
+EXAMPLE = ROOT / "alerts" / "mixin.example.yml"
+LEGACY = {"threshold", "selector", "runbook_url"}
+#: "70%", 0.7 or 0.70 as a number (not 0.75, 10.7, v0.70.1).
+SEVENTY = re.compile(r"(?<![\d.])(?:70 ?%|0\.70*(?![\d.]))")
+
+
+def test_the_example_documents_every_key_and_holds_the_defaults() -> None:
+    text = EXAMPLE.read_text()
+    documented = set(re.findall(r"^ *([a-z_]+):", text, re.M))
+    wanted = (TOP_KEYS - LEGACY) | {f.name for f in fields(DashboardSettings)} | {
+        f.name for f in fields(DiagnosisThresholds) if f.name != "hit_ratio"} | {"window"}
+    assert wanted <= documented, sorted(wanted - documented)
+    for line in text.splitlines():  # every key line is commented, on it or just above
+        if re.match(r"^ *[a-z_]+:", line) and "#" not in line:
+            before = text.split(line)[0].rstrip("\n").splitlines()
+            assert before and before[-1].lstrip().startswith("#"), line
+    cfg = load_config(str(EXAMPLE))
+    assert cfg.with_changes(models={}) == MixinConfig(diagnosis_overrides=cfg.diagnosis_overrides)
+    assert cfg.diagnosis == MixinConfig().diagnosis
+    assert cfg.models["qwen2.5-coder"].threshold == 0.5
+
+
+def test_threshold_and_a_model_override_move_every_artifact(tmp_path: Path) -> None:
+    default = artifacts.render_all(MixinConfig())
+    assert any(SEVENTY.search(t) for t in default.values()), "the check is not vacuous"
+    cfg = load_config(data={"hit_ratio_threshold": 0.5,
+                            "models": {"coder-7b": {"threshold": 0.4}}})
+    moved = artifacts.render_all(cfg)
+    assert set(moved) == set(default)
+    independent = {"alerts/alertmanager.yml", "prometheus/prometheus.yml",
+                   "deploy/kubernetes/kustomization.yaml"}
+    assert {p for p in moved if moved[p] != default[p]} == set(moved) - independent
+    for path, text in moved.items():
+        found = SEVENTY.findall(text)
+        assert not found, (path, found)
+    for path in ("alerts/prefixwatch.exporter.rules.yml", "dashboards/prefixwatch-overview.json",
+                 "deploy/kubernetes/prometheusrule.yaml"):
+        assert "coder-7b" in moved[path], path
+    rules = yaml.safe_load(moved["alerts/prefixwatch.vllm.rules.yml"])
+    low = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert"))
+    assert '< 0.5' in low["expr"] and 'model_name="coder-7b"} < 0.4' in low["expr"]
+    assert '"coder-7b" }}40%{{ else }}50%' in low["annotations"]["description"]
+    overview = moved["dashboards/prefixwatch-overview.json"]
+    assert "Red below 50%" in overview and '"value": 0.5' in overview
+    sidecar = moved["deploy/kubernetes/vllm-with-prefixwatch.yaml"]
+    assert "hit_ratio: 0.5" in sidecar
+    # The generated promtool tests follow the threshold, and pass.
+    promtool = require_binary("promtool", "prometheus")
+    artifacts.write_files(artifacts.under(moved, "alerts"), tmp_path)
+    result = subprocess.run([promtool, "test", "rules",
+                             str(tmp_path / "tests" / "prefixwatch.exporter.test.yml")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_render_all_reads_no_source_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From an empty working directory (as from a wheel) the same files come out."""
+    monkeypatch.chdir(tmp_path)
+    files = artifacts.render_all()
+    assert artifacts.drifted(files, ROOT) == [], "run: python -m prefixwatch.mixin.artifacts"
+    written = artifacts.write_files(files, tmp_path / "out")
+    assert len(written) == len(files) and not list((tmp_path / "out").rglob(".*"))
+    assert artifacts.drifted(files, tmp_path / "out") == []
+    (tmp_path / "out" / "alerts" / "alertmanager.yml").write_text("changed")
+    assert artifacts.drifted(files, tmp_path / "out") == ["alerts/alertmanager.yml"]
+    assert artifacts.main(["--check", "--out", str(tmp_path / "out")]) == 1
+
+
+def test_the_exporter_reads_the_same_threshold_keys(tmp_path: Path) -> None:
+    from prefixwatch.exporter.config import build_config
+
+    path = tmp_path / "exporter.yml"
+    path.write_text("hit_ratio_threshold: 0.5\ncold_start: 3m\ndiagnosis: {min_requests: 5}\n")
+    cfg = build_config(config_file=str(path), environ={})
+    assert cfg.thresholds.hit_ratio == 0.5 and cfg.cold_start == "3m"
+    assert cfg.thresholds.min_requests == 5
+    mixin = load_config(data={"hit_ratio_threshold": 0.5, "cold_start": "3m",
+                              "diagnosis": {"min_requests": 5}})
+    assert mixin.diagnosis.thresholds == cfg.thresholds
+    path.write_text("hit_ratio_threshold: 0.5\ndiagnosis: {hit_ratio: 0.6}\n")
+    assert build_config(config_file=str(path), environ={}).thresholds.hit_ratio == 0.6
+    path.write_text("hit_ratio_threshold: 1.5\n")
+    with pytest.raises(ConfigError, match="hit_ratio_threshold must be between 0 and 1"):
+        build_config(config_file=str(path), environ={})
