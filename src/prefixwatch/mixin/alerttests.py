@@ -139,11 +139,13 @@ class Cases:
         self.src = self.builder.src
         self.rule_file = rule_file
         self.alerts = self.builder.alerts()
+        #: Labels every input series also carries (a cluster's external label).
+        self.extra: dict[str, str] = {}
 
     # -- series --------------------------------------------------------------------------------
 
     def base_labels(self, target: str) -> dict[str, str]:
-        return self.src.sample_labels(target, MODEL)
+        return {**self.src.sample_labels(target, MODEL), **self.extra}
 
     @staticmethod
     def series_name(metric: str, labels: dict[str, str]) -> str:
@@ -182,7 +184,8 @@ class Cases:
     def diagnosis(self, target: str, cause: str, minutes_off: float, minutes_on: float
                   ) -> dict[str, str]:
         """The exporter's diagnosis series: 0 for a while, then 1."""
-        labels = {**EXPORTER_JOB, "target": target, "model_name": MODEL, "cause": cause}
+        labels = {**EXPORTER_JOB, "target": target, "model_name": MODEL, "cause": cause,
+                  **self.extra}
         off, on = round(minutes_off * 60 / STEP), round(minutes_on * 60 / STEP)
         return {"series": self.series_name(OUT_DIAGNOSIS.name, labels),
                 "values": compress([0.0] * (off + 1) + [1.0] * on)}
