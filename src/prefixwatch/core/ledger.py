@@ -1,0 +1,294 @@
+"""The hit-rate ledger: where every prompt token of a window went, in parts that add up.
+
+For each request r (p_r prompt tokens, block size B, vLLM's rule: whole blocks within the first
+p_r - 1 tokens, same extra keys), in arrival order:
+
+- ``fleet_reach``: what an unlimited cache over the window's earlier requests would serve (the
+  request view's own prefix index: no second pass);
+- ``replica_reach``: the same over the earlier requests of r's replica (one sliding index per
+  replica, holding exactly the fleet window's requests of that replica, so it never exceeds
+  ``fleet_reach``);
+- ``pool_reach``: what the replica's pool would serve, an LRU replay over its block count
+  (``core.blockcache.BlockPool``), never above ``replica_reach``;
+- ``layout``: the part of the unshared content a prompt-layout fix would recover: when r leaves
+  its closest earlier sibling at token d for a span of at most ``LAYOUT_SPAN`` tokens after
+  which both continue identically for at least one full block, the whole blocks up to the end
+  of that identical run, beyond ``fleet_reach``.
+
+Parts, in tokens: ``novel = p - fleet_reach - layout``, ``routing = fleet_reach -
+replica_reach``, ``eviction = replica_reach - pool_reach``, so that ``prompt = novel + layout +
+routing + eviction + pool_reach`` for every request, and with the engine's cached tokens
+(``achieved``), ``unexplained = pool_reach - achieved`` (signed) closes
+``prompt = achieved + novel + layout + routing + eviction + unexplained`` to the token.
+
+What cannot be measured is not guessed: without a replica per request ``routing`` is 0 and
+not ``measured`` (it stays in ``unexplained``); without a pool size, ``pool_reach`` equals
+``replica_reach`` and ``eviction`` is not ``measured`` either.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+
+from prefixwatch.core.blockcache import BlockPool, cached_tokens_for
+from prefixwatch.core.prefixindex import Divergence, Entry, PrefixIndex
+
+#: The longest varying span (tokens) a layout fix is credited for: a date, an id, a name.
+LAYOUT_SPAN = 64
+#: Ledger parts as counters (``prompt`` and ``pool_reach`` close the identity).
+COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "eviction", "pool_reach")
+#: Shares of the prompt tokens, in the order a table prints them; they sum to 1.
+SHARES: tuple[str, ...] = ("achieved", "novel", "layout", "routing", "eviction", "unexplained")
+
+
+@dataclass(slots=True)
+class Parts:
+    """One request's ledger (or a sum of them), in tokens."""
+
+    prompt: int = 0
+    novel: int = 0
+    layout: int = 0
+    routing: int = 0
+    eviction: int = 0
+    pool_reach: int = 0
+    #: Cached tokens the engine reported for the request(s); None when not known.
+    achieved: int | None = None
+    requests: int = 0
+
+    def __iadd__(self, other: Parts) -> Parts:
+        if self.requests == 0:
+            self.achieved = other.achieved
+        elif self.achieved is None or other.achieved is None:
+            self.achieved = None  # one request without it: the sum is not known
+        else:
+            self.achieved += other.achieved
+        for name in COUNTED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.requests += other.requests
+        return self
+
+    def check(self) -> None:
+        """The identity without ``achieved``: raises AssertionError if a part is lost."""
+        total = self.novel + self.layout + self.routing + self.eviction + self.pool_reach
+        if total != self.prompt or min(self.novel, self.layout, self.routing,
+                                       self.eviction, self.pool_reach) < 0:
+            raise AssertionError(f"ledger does not add up: {self}")
+
+
+def shares(parts: Parts, achieved: int | None = None) -> dict[str, int]:
+    """The six parts in tokens, ``unexplained = pool_reach - achieved``; they sum to prompt.
+
+    ``achieved`` (the engine's counters over the same window) overrides the parts' own."""
+    got = parts.achieved if achieved is None else achieved
+    if got is None:
+        raise ValueError("the ledger needs the achieved (cached) tokens")
+    return {"achieved": got, "novel": parts.novel, "layout": parts.layout,
+            "routing": parts.routing, "eviction": parts.eviction,
+            "unexplained": parts.pool_reach - got}
+
+
+def ratios(parts: Parts, achieved: int | None = None) -> dict[str, float]:
+    """The six shares of the prompt tokens (summing to 1); empty without prompt tokens."""
+    if parts.prompt <= 0:
+        return {}
+    return {k: v / parts.prompt for k, v in shares(parts, achieved).items()}
+
+
+@dataclass(slots=True)
+class _Row:
+    at: float
+    replica: Hashable
+    parts: Parts | None  # None: warm history, in the indexes but not counted
+
+
+class Ledger:
+    """The ledger of one request log, fed by the request view after each ``add_timed``.
+
+    ``pool_blocks(replica)`` gives a replica's KV block count (num_gpu_blocks) or None.
+    """
+
+    def __init__(self, block_size: int,
+                 pool_blocks: Callable[[Hashable], int | None] | None = None) -> None:
+        self.bs = block_size
+        self.pool_blocks = pool_blocks or (lambda _replica: None)
+        self.replicas: dict[Hashable, PrefixIndex] = {}
+        self.pools: dict[Hashable, BlockPool | None] = {}
+        self.rows: deque[_Row] = deque()
+        self.totals = Parts()
+        self.routing_measured = False
+        self.eviction_measured = False
+        self.layout_measured = True
+
+    # -- feeding -------------------------------------------------------------------------------
+
+    def account(self, index: PrefixIndex, q: Sequence[int], extra_keys: Hashable,
+                entry: Entry, divergence: Divergence | None, replica: Hashable = None,
+                cached: int | None = None, warm: bool = False) -> Parts | None:
+        """The ledger of the request just added to ``index`` (the view's window) as ``entry``.
+
+        ``q`` is the request's tokens as the index holds them; ``replica`` its replica (None:
+        unknown); ``cached`` the engine's cached tokens for it when the log carries them."""
+        p, bs = entry.prompt_tokens, self.bs
+        fleet = entry.cacheable_tokens
+        if replica is None:
+            own = fleet
+        else:
+            rindex = self.replicas.get(replica)
+            if rindex is None:
+                bound = index.max_requests or len(index.window) + 1
+                rindex = self.replicas[replica] = PrefixIndex(bs, bound + 1)
+            own = rindex.insert(q, extra_keys, entry.at).cacheable_tokens
+        pool = self._pool(replica)
+        if pool is None:
+            reach = own
+        else:
+            admitted = pool.admit(q, extra_keys)
+            reach = 0
+            if admitted is not None:
+                pool.release(admitted.blocks)
+                reach = min(admitted.cached_tokens, own)
+        layout = 0
+        if divergence is not None and p - fleet >= bs:
+            end = layout_end(index, q, extra_keys, divergence.position)
+            if end:
+                layout = max(0, cached_tokens_for(p, end // bs, bs) - fleet)
+        parts = Parts(p, p - fleet - layout, layout, fleet - own, own - reach, reach,
+                      cached, 1)
+        self.rows.append(_Row(entry.at, replica, None if warm else parts))
+        self._follow(index)
+        if warm:
+            return None
+        if replica is not None:
+            self.routing_measured = True
+        if pool is not None:
+            self.eviction_measured = True
+        self.totals += parts
+        return parts
+
+    def _pool(self, replica: Hashable) -> BlockPool | None:
+        if replica in self.pools:
+            return self.pools[replica]
+        blocks = self.pool_blocks(replica)
+        if blocks is None or blocks < 2:
+            return None  # asked again next time: the size may be known by then
+        pool = self.pools[replica] = BlockPool(blocks, self.bs)
+        return pool
+
+    def _follow(self, index: PrefixIndex) -> None:
+        """Drop, per replica, what the fleet window dropped after matching this request, so
+        each replica index holds exactly the fleet window's requests of that replica."""
+        while len(self.rows) > len(index.window):
+            row = self.rows.popleft()
+            if row.replica is not None:
+                rindex = self.replicas[row.replica]
+                rindex.drop_oldest()
+                if not rindex.window:
+                    del self.replicas[row.replica]
+
+    def reset(self, block_size: int) -> None:
+        """The view started a new window (a new block size): indexes and pools start again."""
+        self.bs = block_size
+        self.replicas.clear()
+        self.pools.clear()
+        self.rows.clear()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def window(self, since: float) -> Parts:
+        """The sum of the parts of the requests that arrived at or after ``since``."""
+        out = Parts()
+        for row in reversed(self.rows):
+            if row.at < since:
+                break
+            if row.parts is not None:
+                out += row.parts
+        return out
+
+    def unmeasured(self) -> tuple[str, ...]:
+        """Parts that cannot be told apart here (they stay in ``unexplained``)."""
+        out = []
+        if not self.routing_measured:
+            out.append("routing")
+        if not self.eviction_measured:
+            out.append("eviction")
+        return tuple(out)
+
+
+def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int) -> int:
+    """Where the identical run after a short varying span ends (0: no such run).
+
+    ``q`` was just added to ``index`` and left the earlier requests at token ``d``: its
+    closest earlier sibling is the most recent other branch there. A span of at most
+    ``LAYOUT_SPAN`` tokens on either side may differ; then both must agree for a full block.
+    """
+    bs, n = index.bs, len(q)
+    if n - d < bs + 1:
+        return 0
+    sib = _sibling(index, q, extra_keys, d, n - d + LAYOUT_SPAN)
+    if sib is None or len(sib) < bs:
+        return 0
+    mine = array("I", q[d:d + LAYOUT_SPAN + bs])
+    hay = array("I", sib[:LAYOUT_SPAN + bs]).tobytes()
+    for s in range(0, min(LAYOUT_SPAN, len(mine) - bs) + 1):
+        needle = mine[s:s + bs].tobytes()
+        at = hay.find(needle)
+        while at != -1 and at % 4:
+            at = hay.find(needle, at + 1)
+        if at == -1 or at // 4 > LAYOUT_SPAN:
+            continue
+        t = at // 4
+        run = bs + _common(q, d + s + bs, sib, t + bs)
+        return d + s + run
+    return 0
+
+
+def _common(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
+    """Length of the common run of ``a[i:]`` and ``b[j:]``, doubling then halving."""
+    m = min(len(a) - i, len(b) - j)
+    lo, step = 0, 16
+    while lo < m:
+        hi = min(lo + step, m)
+        if a[i + lo:i + hi] != b[j + lo:j + hi]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return max(m, 0)
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if a[i + lo:i + mid] == b[j + lo:j + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _sibling(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int,
+             want: int) -> array | None:
+    """Up to ``want`` tokens of the most recent earlier request that leaves ``q`` at ``d``,
+    from ``d`` on (the trie's most recent branch at the divergence, then its most recent
+    children)."""
+    node = index.roots.get(extra_keys)
+    if node is None:
+        return None
+    while node.end < d:
+        child = node.children.get(q[node.end])
+        if child is None or child.end > d:
+            return None  # no node boundary at d: the request was not added here
+        node = child
+    mine = q[d] if d < len(q) else None
+    other = None
+    for key in reversed(node.children):
+        if key != mine:
+            other = node.children[key]
+            break
+    if other is None:
+        return None
+    out = array("I")
+    while True:
+        out.extend(other.edge[:want - len(out)])
+        if len(out) >= want or not other.children:
+            return out
+        other = next(reversed(other.children.values()))
