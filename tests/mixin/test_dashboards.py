@@ -45,6 +45,42 @@ def test_committed_dashboards_match_the_generator(tmp_path: Path) -> None:
         (tmp_path / p.name).read_text() for p in again], "generation is deterministic"
 
 
+def test_panels_are_laid_out_by_the_grid_with_auto_ids() -> None:
+    """Ids 1..n in order; panels fill rows of 24 columns left to right, never overlapping."""
+    from prefixwatch.mixin.config import load_config
+
+    cluster = load_config(data={"cluster_label": "cluster"})
+    for cfg in (rules.MixinConfig(), cluster):
+        for source in dashboards.SOURCES:
+            for name, dash in dashboards.all_dashboards(source, cfg).items():
+                panels = json.loads(dashboards.to_json(dash))["panels"]
+                assert [p["id"] for p in panels] == list(range(1, len(panels) + 1)), name
+                cells: set[tuple[int, int]] = set()
+                previous = (-1, -1)
+                for p in panels:
+                    pos = p["gridPos"]
+                    assert pos["x"] + pos["w"] <= 24, (name, p["title"])
+                    assert (pos["y"], pos["x"]) > previous, (name, p["title"])
+                    previous = (pos["y"], pos["x"])
+                    mine = {(pos["x"] + i, pos["y"] + j) for i in range(pos["w"])
+                            for j in range(pos["h"])}
+                    assert not cells & mine, (name, p["title"], "overlaps")
+                    cells |= mine
+    with pytest.raises(ValueError):
+        from prefixwatch.mixin import layout
+
+        layout.flow([layout.Placed(object(), 25, 1)])
+
+
+def test_sglang_dashboards_leave_out_what_sglang_lacks() -> None:
+    overview = json.loads(dashboards.to_json(dashboards.overview("sglang")))
+    titles = [p["title"] for p in overview["panels"]]
+    assert "External (KV connector) cache" not in titles
+    assert "Prompt length p50 vs p99" not in titles
+    assert "KV-cache usage and waiting requests" in titles
+    assert all("vllm:" not in expr for _, expr in dashboards.queries(overview))
+
+
 def test_datasource_flag_preselects_it(tmp_path: Path) -> None:
     path = dashboards.write(tmp_path, datasource_uid="mimir-prod")[0]
     var = next(v for v in json.loads(path.read_text())["templating"]["list"]
@@ -187,7 +223,9 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     request_log = RequestLogger(log_stream)  # one logger: one lock around the shared file
     sims = [ReplicaServer(Replica(cfg, index=i, request_log=request_log), "127.0.0.1", 0)
             for i in range(2)]
-    for s in sims:
+    sglang = [ReplicaServer(Replica(cfg, index=i, server="sglang"), "127.0.0.1", 0)
+              for i in range(2)]
+    for s in sims + sglang:
         s.start()
     exporter = Exporter(ExporterConfig(
         targets=name_targets([TargetConfig(f"http://127.0.0.1:{s.port}/metrics") for s in sims]),
@@ -195,23 +233,30 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
         requests_log=RequestsLogConfig(str(log_path), follow=True)))
     exporter.start()
     driver = Driver([s.replica for s in sims], SCENARIOS["static-system-prompt"], 20, seed=4)
-    scaled = rules.RulesConfig(time_scale=0.05)
+    sglang_driver = Driver([s.replica for s in sglang], SCENARIOS["static-system-prompt"], 20,
+                           seed=5)
+    scaled = rules.MixinConfig(time_scale=0.05)
     proms = {
         "exporter": Prom(tmp_path / "p1", {"prefixwatch": f"127.0.0.1:{exporter.port}"},
                          rules.render("exporter", scaled)),
         "vllm": Prom(tmp_path / "p2", {f"vllm-{i}": f"127.0.0.1:{s.port}"
                                        for i, s in enumerate(sims)},
                      rules.render("vllm", scaled)),
+        "sglang": Prom(tmp_path / "p3", {f"sglang-{i}": f"127.0.0.1:{s.port}"
+                                         for i, s in enumerate(sglang)},
+                       rules.render("sglang", scaled)),
     }
+    replicas = {"exporter": exporter.monitors[0].name, "vllm": f"127.0.0.1:{sims[0].port}",
+                "sglang": f"127.0.0.1:{sglang[0].port}"}
     try:
         driver.start()
+        sglang_driver.start()
         for prom in proms.values():
             prom.wait_ready()
         time.sleep(25)
         empty = []
         for source, prom in proms.items():
-            replica_value = (exporter.monitors[0].name if source == "exporter"
-                             else f"127.0.0.1:{sims[0].port}")
+            replica_value = replicas[source]
             for name, dash in dashboards.all_dashboards(source).items():
                 data = json.loads(dashboards.to_json(dash))
                 one = "replica" in name
@@ -230,9 +275,10 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
         assert not empty, f"panels with no data: {empty}"
     finally:
         driver.stop()
+        sglang_driver.stop()
         for prom in proms.values():
             prom.stop()
         exporter.stop()
-        for s in sims:
+        for s in sims + sglang:
             s.stop()
         log_stream.close()

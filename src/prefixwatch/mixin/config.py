@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from prefixwatch.core import names, rulenames, settings
+from prefixwatch.core.causes import COLD_START
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.settings import DiagnosisSettings
 from prefixwatch.core.windows import parse_duration
@@ -64,7 +65,7 @@ class MixinConfig:
     #: Prompt tokens per second (per model) below which no hit-rate alert fires.
     min_query_tokens_per_second: float = 100.0
     #: A model whose counters reset within this long is warming up: no hit-rate alert.
-    cold_start: str = "10m"
+    cold_start: str = COLD_START
     regression_drop: float = 0.15
     outlier_gap: float = 0.25
     kv_usage_high: float = 0.90
