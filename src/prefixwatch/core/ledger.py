@@ -231,8 +231,12 @@ def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: in
     if sib is None or len(sib) < bs:
         return 0
     mine = array("I", q[d:d + LAYOUT_SPAN + bs])
-    hay = array("I", sib[:LAYOUT_SPAN + bs]).tobytes()
-    for s in range(0, min(LAYOUT_SPAN, len(mine) - bs) + 1):
+    head = sib[:LAYOUT_SPAN + bs]
+    hay = head.tobytes()
+    seen = set(head)  # a block can only start on a token the sibling has: most never do
+    for s in [s for s, t in enumerate(mine[:LAYOUT_SPAN + 1]) if t in seen]:
+        if s + bs > len(mine):
+            break
         needle = mine[s:s + bs].tobytes()
         at = hay.find(needle)
         while at != -1 and at % 4:
@@ -240,8 +244,7 @@ def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: in
         if at == -1 or at // 4 > LAYOUT_SPAN:
             continue
         t = at // 4
-        run = bs + _common(q, d + s + bs, sib, t + bs)
-        return d + s + run
+        return d + s + bs + _common(q, d + s + bs, sib, t + bs)
     return 0
 
 

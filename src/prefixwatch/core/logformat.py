@@ -42,6 +42,12 @@ class LogRequest:
     cache_salt: str | None = None
     #: The token ids were cut at --max-log-len: only their start is known.
     truncated: bool = False
+    #: The replica (pod, target) that served it, when a fleet log says so (the ledger's
+    #: routing part needs it).
+    replica: str | None = None
+    #: Prompt tokens the engine served from its caches (OpenAI usage
+    #: prompt_tokens_details.cached_tokens), when the log carries them.
+    cached_tokens: int | None = None
 
     @property
     def extra_keys(self) -> tuple[str | None, str | None] | None:
@@ -62,9 +68,32 @@ def parse_request(obj: Any, where: str) -> LogRequest:
         raise ValueError("not a JSON object")
     lora = obj.get("lora")
     salt = obj.get("cache_salt")
-    for name, value in (("lora", lora), ("cache_salt", salt)):
+    replica = obj.get("replica")
+    for name, value in (("lora", lora), ("cache_salt", salt), ("replica", replica)):
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name} must be a string")
+    cached = _cached_tokens(obj)
+    found = _parse_prompt(obj, where, lora, salt)
+    found.replica, found.cached_tokens = replica, cached
+    return found
+
+
+def _cached_tokens(obj: dict[str, Any]) -> int | None:
+    """``cached_tokens`` at the top, or in an OpenAI ``usage`` object; None when absent."""
+    value = obj.get("cached_tokens")
+    usage = obj.get("usage")
+    if value is None and isinstance(usage, dict):
+        details = usage.get("prompt_tokens_details")
+        value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError("cached_tokens must be a non-negative integer")
+    return value
+
+
+def _parse_prompt(obj: dict[str, Any], where: str, lora: str | None, salt: str | None
+                  ) -> LogRequest:
     if "prompt_token_ids" in obj:
         ids = obj["prompt_token_ids"]
         if not isinstance(ids, list) or not ids or not all(

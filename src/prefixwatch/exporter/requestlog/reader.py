@@ -53,6 +53,9 @@ class RequestsLogConfig:
     model: str | None = None
     max_requests: int = names.REQUESTS_WINDOW_REQUESTS
     max_blocks: int = names.REQUESTS_WINDOW_BLOCKS
+    #: Every request of this log was served by this replica (a per-target log); None: the
+    #: log's own ``replica`` field, if any.
+    replica: str | None = None
 
 
 def make_tokenizer(spec: str, first_target: str | None) -> tuple[Tokenizer, Callable | None]:
@@ -183,7 +186,9 @@ class RequestsLogReader:
                 self._skip(req.where, ids)
                 continue
             try:
-                self.view.add(ids, req.extra_keys, req.truncated, warm=self._warming)
+                self.view.add(ids, req.extra_keys, req.truncated, warm=self._warming,
+                              replica=req.replica or self.config.replica,
+                              cached=req.cached_tokens)
             except OverflowError:
                 self._skip(req.where, "token id out of range")
 

@@ -23,6 +23,7 @@ from prometheus_client.utils import floatToGoString
 
 from prefixwatch.core import names
 from prefixwatch.core.diagnosis import RequestEvidence
+from prefixwatch.core.ledger import Ledger, Parts
 from prefixwatch.core.prefixindex import Divergence, PrefixIndex
 from prefixwatch.core.whatvaries import guess_kind
 
@@ -43,7 +44,8 @@ class RequestView:
 
     def __init__(self, block_size: int = 16, max_requests: int = names.REQUESTS_WINDOW_REQUESTS,
                  max_blocks: int = names.REQUESTS_WINDOW_BLOCKS,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 pool_blocks: Callable[[Hashable], int | None] | None = None) -> None:
         self.max_requests = max_requests
         self.max_blocks = max_blocks
         self.clock = clock
@@ -55,6 +57,8 @@ class RequestView:
         self.divergence_sum = 0.0
         self.lines = dict.fromkeys(names.REQUESTS_LOG_RESULTS, 0)
         self._kinds: OrderedDict[tuple[int, int], str] = OrderedDict()
+        #: The hit-rate ledger, fed from the same window (core/ledger.py).
+        self.ledger = Ledger(block_size, pool_blocks)
 
     @property
     def block_size(self) -> int:
@@ -66,6 +70,7 @@ class RequestView:
             if block_size == self.index.bs or block_size < 1:
                 return False
             self.index = new_window(block_size, self.max_requests, self.max_blocks)
+            self.ledger.reset(block_size)
             self._kinds.clear()
             return True
 
@@ -74,16 +79,19 @@ class RequestView:
             self.lines[result] += n
 
     def add(self, tokens: Sequence[int], extra_keys: Hashable = None, truncated: bool = False,
-            warm: bool = False) -> None:
+            warm: bool = False, replica: Hashable = None, cached: int | None = None) -> None:
         """One logged request (raises OverflowError on a token id beyond 32 bits).
 
         ``warm``: history read before following the log; it fills the window's index but is
-        not counted, and its time (0) keeps it out of every window's figures.
+        not counted, and its time (0) keeps it out of every window's figures. ``replica``
+        and ``cached`` (the engine's cached tokens) feed the ledger when the log has them.
         """
         packed = array("I", tokens)  # raises OverflowError: nothing is counted
         with self.lock:
             entry, divergence = self.index.add_timed(packed, extra_keys,
                                                      0.0 if warm else self.clock())
+            self.ledger.account(self.index, packed, extra_keys, entry, divergence, replica,
+                                cached, warm)
             if warm:
                 return
             self.lines["truncated" if truncated else "request"] += 1
@@ -135,6 +143,18 @@ class RequestView:
                 if entry.kind is not None:
                     kinds[entry.kind] += 1
         return ev, kinds
+
+    def ledger_window(self, window: float) -> tuple[Parts, tuple[str, ...]]:
+        """The ledger of the last ``window`` seconds, and the parts it cannot tell apart."""
+        with self.lock:
+            return self.ledger.window(self.clock() - window), self.ledger.unmeasured()
+
+    def ledger_totals(self) -> tuple[Parts, tuple[str, ...]]:
+        """The ledger of every request counted since start (the counters)."""
+        with self.lock:
+            return Parts(**{k: getattr(self.ledger.totals, k) for k in (
+                "prompt", "novel", "layout", "routing", "eviction", "pool_reach",
+                "achieved", "requests")}), self.ledger.unmeasured()
 
     def histogram(self) -> tuple[list[tuple[str, float]], float]:
         """Cumulative buckets (le, count) and sum of the divergence positions."""
