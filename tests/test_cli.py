@@ -244,8 +244,6 @@ def test_bad_yaml_names_file_line_and_column(tmp_path) -> None:
     assert len(r.stderr.splitlines()) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="the mixin's config loader is being rewritten; it "
-                                       "should read files through core/yamlfile.load_mapping")
 def test_bad_rules_yaml_names_file_line_and_column(tmp_path) -> None:
     path = tmp_path / "rules.yml"
     path.write_text("threshold: 0.7\nmodels: {a: {threshold: 0.5}\n")
