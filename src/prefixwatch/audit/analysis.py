@@ -1,15 +1,16 @@
 """One pass over a request log: what a prefix cache could serve, and where prompts diverge.
 
-Linear in the total number of tokens: every earlier request's full blocks go into a trie keyed
-by token blocks (one dict look-up per block, the same identity as vLLM's chained block
-hashes), so each request is matched against all earlier ones at once, never pairwise.
+Linear in the total number of tokens: every earlier request goes into the one prefix index
+(``core.prefixindex``, an exact radix tree over token ids), so each request is matched against
+all earlier ones at once, never pairwise, with C-level slice comparisons and no hashing:
+``benchmarks/bench_audit.py`` measures it against the runbook's per-block hashing loop.
 
 - ``cacheable_tokens``: what an unlimited cache would serve a request, vLLM's rule (whole
   blocks, within the first n - 1 tokens, same extra keys). Only prompts are known here, so
   blocks of generated output that a multi-turn follow-up could reuse are not counted.
-- divergence: the position of a request's longest common prefix with any earlier request,
-  exact to the token (the diverging block is compared with the 32 most recent earlier blocks
-  that follow the same prefix, where the variable part nearly always differs least).
+- divergence: the position of a request's longest common prefix with any earlier request
+  (same extra keys), exact to the token, where both have a token and they differ; the example
+  shows the most recent earlier request that differs there.
 - with a KV pool of N blocks, the same log replayed through the simulator's LRU block pool.
 """
 
@@ -88,12 +89,13 @@ class Report:
 class Auditor:
     """Feeds tokenized requests, in log order, to the analyses.
 
-    The index holds millions of long-lived dicts and tuples that Python's cyclic garbage
-    collector would rescan again and again as the log grows; they form no cycles, so they are
-    moved out of its way (``gc.freeze``) every ``FREEZE_EVERY`` requests.
+    The index holds long-lived lists of every new token that Python's cyclic garbage
+    collector would rescan (one pointer at a time) as the log grows; they form no cycles, so
+    they are moved out of its way (``gc.freeze``) every ``FREEZE_EVERY`` requests, often
+    enough that a young collection (700 new containers) never starts in between.
     """
 
-    FREEZE_EVERY = 512
+    FREEZE_EVERY = 64
 
     def __init__(self, block_size: int = 16, kv_blocks: int | None = None) -> None:
         if block_size < 1:

@@ -91,6 +91,8 @@ class PrefixIndex:
 
     ``add`` is the audit's pass (match, then insert); ``add_timed`` / ``drop_oldest`` the
     window's; ``reach`` / ``insert`` the ledger's (a look-up without inserting, and an insert).
+    ``packed``: edges and queries are ``array('I')`` (a window: bounded memory, 4 bytes a
+    token) rather than lists (the audit: a prompt is used as given, no conversion pass).
     """
 
     def __init__(self, block_size: int, max_requests: int | None = None,
@@ -102,6 +104,7 @@ class PrefixIndex:
         self.max_requests = max_requests
         self.max_blocks = max_blocks
         self.sliding = max_requests is not None or max_blocks is not None
+        self.packed = self.sliding
         self.roots: dict[Hashable, Node] = {}
         self.window: deque[Entry] = deque()
         #: Distinct full KV blocks held: each distinct prefix of k * block_size tokens once.
@@ -111,7 +114,7 @@ class PrefixIndex:
 
     def add(self, tokens: Sequence[int], extra_keys: Hashable = None) -> RequestResult:
         """Match a request against the earlier ones, then add it (the audit's pass)."""
-        q = self._query(tokens)
+        q = tokens if tokens.__class__ is list and not self.packed else self._query(tokens)
         lcp, divergence, end = self._add(q, extra_keys, True)
         n = len(q)
         if self.sliding:
@@ -154,7 +157,7 @@ class PrefixIndex:
 
     def _query(self, tokens: Sequence[int]) -> MutableSequence[int]:
         """The request as the edges' type: slices of the same type compare at C speed."""
-        if self.sliding:
+        if self.packed:
             if isinstance(tokens, array) and tokens.typecode == "I":
                 return tokens
             return array("I", tokens)  # raises OverflowError beyond 32 bits
@@ -163,7 +166,10 @@ class PrefixIndex:
     @staticmethod
     def _walk(root: Node, q: Sequence[int]) -> _Stop:
         """Follow ``q`` down from ``root``: the last node whose whole edge matched, the child
-        whose edge the walk stopped in (None at a node boundary) and the tokens of it matched."""
+        whose edge the walk stopped in (None at a node boundary) and the tokens of it matched.
+
+        An edge is compared whole (one slice of the query); a long one first on its first
+        _PROBE tokens, where prompts that differ near an edge's start differ."""
         node, d, n = root, 0, len(q)
         while d < n:
             child = node.children.get(q[d])
@@ -171,11 +177,14 @@ class PrefixIndex:
                 break
             edge = child.edge
             size = len(edge)
-            if d + size <= n and (size <= _PROBE or edge[:_PROBE] == q[d:d + _PROBE]) and (
-                    edge == q[d:d + size]):
-                node, d = child, d + size
-                continue
-            return node, child, _shared(edge, q, d, min(size, n - d))
+            if d + size > n:  # the query ends inside this edge
+                return node, child, _shared(edge, q, d, n - d)
+            probed = _PROBE if size > _PROBE else 0
+            if probed and edge[:_PROBE] != q[d:d + _PROBE]:
+                return node, child, _first_difference(edge, q, d, 0, _PROBE)
+            if edge != q[d:d + size]:
+                return node, child, _first_difference(edge, q, d, probed, size)
+            node, d = child, d + size
         return node, None, 0
 
     def _add(self, q: MutableSequence[int], extra_keys: Hashable, diverge: bool
@@ -241,17 +250,16 @@ class PrefixIndex:
 
 
 def _shared(a: Sequence[int], b: Sequence[int], d: int, m: int) -> int:
-    """How many of the first ``m`` tokens of edge ``a`` equal ``b`` from ``d``: slices of
-    doubling length until one differs, then halving inside it."""
-    lo, step = 0, _PROBE
-    while lo < m:
-        hi = min(lo + step, m)
-        if a[lo:hi] != b[d + lo:d + hi]:
-            break
-        lo, step = hi, step * 2
-    else:
+    """How many of the first ``m`` tokens of edge ``a`` equal ``b`` from ``d``."""
+    if a[:m] == b[d:d + m]:
         return m
-    while hi - lo > 1:  # a[:lo] matches, the first mismatch is in [lo, hi)
+    return _first_difference(a, b, d, 0, m)
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int], d: int, lo: int, hi: int) -> int:
+    """The first ``i`` in [lo, hi) where ``a[i] != b[d + i]``, given that ``a[:lo]`` matches
+    and one differs before ``hi``: halving, one C-level slice comparison a step."""
+    while hi - lo > 1:
         mid = (lo + hi) >> 1
         if a[lo:mid] == b[d + lo:d + mid]:
             lo = mid
@@ -263,10 +271,12 @@ def _shared(a: Sequence[int], b: Sequence[int], d: int, m: int) -> int:
 def _split(parent: Node, child: Node, j: int) -> Node:
     """Cut ``child``'s edge after ``j`` tokens: the new node in between, holding the first part."""
     edge = child.edge
-    mid = Node(edge[:j], child.end - len(edge) + j, parent)
+    rest = edge[j:]
+    del edge[j:]  # the first part keeps the edge's storage: only the rest is copied
+    mid = Node(edge, child.end - len(rest), parent)
     mid.count = child.count
-    mid.children[edge[j]] = child
-    child.edge = edge[j:]
+    mid.children[rest[0]] = child
+    child.edge = rest
     child.parent = mid
     parent.children[edge[0]] = mid
     return mid
