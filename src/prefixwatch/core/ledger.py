@@ -33,15 +33,20 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from prefixwatch.core import names
 from prefixwatch.core.blockcache import BlockPool, cached_tokens_for
 from prefixwatch.core.prefixindex import Divergence, Entry, PrefixIndex
 
 #: The longest varying span (tokens) a layout fix is credited for: a date, an id, a name.
 LAYOUT_SPAN = 64
-#: Ledger parts as counters (``prompt`` and ``pool_reach`` close the identity).
-COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "eviction", "pool_reach")
-#: Shares of the prompt tokens, in the order a table prints them; they sum to 1.
-SHARES: tuple[str, ...] = ("achieved", "novel", "layout", "routing", "eviction", "unexplained")
+#: Ledger parts as counters (``prompt`` and ``pool_reach`` close the identity), and the shares
+#: of the prompt tokens in the order a table prints them (they sum to 1).
+COUNTED: tuple[str, ...] = names.LEDGER_COUNTED
+SHARES: tuple[str, ...] = names.LEDGER_SHARES
+
+
+_ANSWER_BIT = 1 << 63
+_ID_MASK = _ANSWER_BIT - 1
 
 
 @dataclass(slots=True)
@@ -117,20 +122,24 @@ class Ledger:
         self.replicas: dict[Hashable, PrefixIndex] = {}
         self.pools: dict[Hashable, BlockPool | None] = {}
         self.rows: deque[_Row] = deque()
+        self._answers = 0  # ids of answer blocks: no prompt ever chains to them
         self.totals = Parts()
         self.routing_measured = False
         self.eviction_measured = False
-        self.layout_measured = True
+        #: The log's requests all go to one replica: routing is 0, not unknown.
+        self.single_replica = False
 
     # -- feeding -------------------------------------------------------------------------------
 
     def account(self, index: PrefixIndex, q: Sequence[int], extra_keys: Hashable,
                 entry: Entry, divergence: Divergence | None, replica: Hashable = None,
-                cached: int | None = None, warm: bool = False) -> Parts | None:
+                cached: int | None = None, warm: bool = False, output: int | None = None
+                ) -> Parts | None:
         """The ledger of the request just added to ``index`` (the view's window) as ``entry``.
 
         ``q`` is the request's tokens as the index holds them; ``replica`` its replica (None:
-        unknown); ``cached`` the engine's cached tokens for it when the log carries them."""
+        unknown); ``cached`` the engine's cached tokens for it when the log carries them;
+        ``output`` the tokens it generates (max_tokens), whose blocks the pool holds too."""
         p, bs = entry.prompt_tokens, self.bs
         fleet = entry.cacheable_tokens
         if replica is None:
@@ -142,14 +151,7 @@ class Ledger:
                 rindex = self.replicas[replica] = PrefixIndex(bs, bound + 1)
             own = rindex.insert(q, extra_keys, entry.at).cacheable_tokens
         pool = self._pool(replica)
-        if pool is None:
-            reach = own
-        else:
-            admitted = pool.admit(q, extra_keys)
-            reach = 0
-            if admitted is not None:
-                pool.release(admitted.blocks)
-                reach = min(admitted.cached_tokens, own)
+        reach = own if pool is None else min(self._replay(pool, q, extra_keys, output or 0), own)
         layout = 0
         if divergence is not None and p - fleet >= bs:
             end = layout_end(index, q, extra_keys, divergence.position)
@@ -167,6 +169,26 @@ class Ledger:
             self.eviction_measured = True
         self.totals += parts
         return parts
+
+    def _replay(self, pool: BlockPool, q: Sequence[int], extra_keys: Hashable, output: int
+                ) -> int:
+        """One request through the pool as the engine runs it: its prompt's blocks, then the
+        blocks its answer fills (cached, as vLLM caches every full block), then release."""
+        admitted = pool.admit(q, extra_keys)
+        if admitted is None:
+            return 0  # the prompt does not fit in the pool at all
+        held, path, p, bs = admitted.blocks, admitted.path, len(q), self.bs
+        if output > 0:
+            total = -(-(p + output - 1) // bs)
+            extra = min(total - len(held), pool.num_free)
+            if extra > 0:
+                held = held + pool.allocate(extra)
+            parent = path[-1] if path else pool.root(extra_keys)
+            for i in range(len(path), min((p + output - 1) // bs, len(held))):
+                self._answers = (self._answers + 1) & _ID_MASK
+                parent = pool.cache_id(parent, self._answers | _ANSWER_BIT, held[i])
+        pool.release(held)
+        return admitted.cached_tokens
 
     def _pool(self, replica: Hashable) -> BlockPool | None:
         if replica in self.pools:
@@ -210,7 +232,7 @@ class Ledger:
     def unmeasured(self) -> tuple[str, ...]:
         """Parts that cannot be told apart here (they stay in ``unexplained``)."""
         out = []
-        if not self.routing_measured:
+        if not self.routing_measured and not self.single_replica:
             out.append("routing")
         if not self.eviction_measured:
             out.append("eviction")

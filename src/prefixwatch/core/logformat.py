@@ -48,6 +48,9 @@ class LogRequest:
     #: Prompt tokens the engine served from its caches (OpenAI usage
     #: prompt_tokens_details.cached_tokens), when the log carries them.
     cached_tokens: int | None = None
+    #: The most tokens it may generate (vLLM's SamplingParams.max_tokens): blocks its answer
+    #: takes in the pool.
+    max_tokens: int | None = None
 
     @property
     def extra_keys(self) -> tuple[str | None, str | None] | None:
@@ -73,8 +76,12 @@ def parse_request(obj: Any, where: str) -> LogRequest:
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{name} must be a string")
     cached = _cached_tokens(obj)
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(
+            max_tokens, bool) or max_tokens < 0):
+        raise ValueError("max_tokens must be a non-negative integer")
     found = _parse_prompt(obj, where, lora, salt)
-    found.replica, found.cached_tokens = replica, cached
+    found.replica, found.cached_tokens, found.max_tokens = replica, cached, max_tokens
     return found
 
 
@@ -229,6 +236,9 @@ def _lora_after(text: str) -> str | None:
     return match.group(1) if match else "unnamed-lora"
 
 
+_MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+)")
+
+
 class VllmLogJoiner:
     """Turns vLLM log lines into requests: the DEBUG details line waits (bounded) for its
     INFO line, which names the LoRA adapter; lines of no request give None."""
@@ -269,6 +279,8 @@ class VllmLogJoiner:
         req = self._pending.pop(match.group(1), None)
         if req is not None:
             req.lora = _lora_after(rest)
+            tokens = _MAX_TOKENS.search(rest)
+            req.max_tokens = int(tokens.group(1)) if tokens else None
             out.append(req)
         return out
 

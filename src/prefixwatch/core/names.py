@@ -257,3 +257,26 @@ OUT_FLEET_EFFECTIVE_HIT_RATIO = OutMetric(
     "Share of a model's prompt tokens served from any cache tier over all targets: sum of "
     "cached over sum of prompt tokens; absent without prompt tokens.",
     (L_MODEL, L_WINDOW))
+
+
+# -- The hit-rate ledger (issue 14): where every prompt token of the log went -----------------
+
+L_PART = "part"
+OUT_LEDGER_TOKENS = OutMetric(
+    "prefixwatch_ledger_tokens", "counter",
+    "Prompt tokens of the requests log by ledger part: prompt, novel (no earlier request "
+    "shares it), layout (a prompt-layout fix would share it), routing (cached on another "
+    "replica), eviction (the replica's pool lost it), pool_reach (what the pool would "
+    "serve); prompt = novel + layout + routing + eviction + pool_reach. A part that cannot be "
+    "measured (routing without a replica per request, eviction without the pool size) is "
+    "absent.", (L_MODEL, L_PART))
+OUT_LEDGER_RATIO = OutMetric(
+    "prefixwatch_ledger_ratio", "gauge",
+    "Share of the window's logged prompt tokens by ledger part (achieved, novel, layout, "
+    "routing, eviction, unexplained = pool_reach - achieved); the parts sum to 1. Achieved is "
+    "the engine's cached tokens over the window.", (L_MODEL, L_WINDOW, L_PART))
+#: Ledger counter parts, and the shares that sum to 1 (core/ledger.py).
+LEDGER_COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "eviction",
+                                   "pool_reach")
+LEDGER_SHARES: tuple[str, ...] = ("achieved", "novel", "layout", "routing", "eviction",
+                                  "unexplained")

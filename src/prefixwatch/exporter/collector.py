@@ -24,6 +24,7 @@ from prometheus_client.utils import floatToGoString
 
 from prefixwatch.core import causes, names
 from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
+from prefixwatch.core.ledger import ratios as ledger_ratios
 from prefixwatch.core.names import OutMetric
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
@@ -158,6 +159,35 @@ class PrefixwatchCollector(Collector):
                   sorted(self.state.requests) if self.state is not None else [])
         for model in models:
             family(names.OUT_DIVERGENCE).add_metric([model], buckets, total)
+        self._collect_ledger(family, models)
+
+    def _collect_ledger(self, family, models: list[str]) -> None:
+        """The ledger's counters, and its window shares with the engines' cached tokens."""
+        assert self.view is not None
+        totals, unmeasured = self.view.ledger_totals()
+        tokens = family(names.OUT_LEDGER_TOKENS)
+        shares = family(names.OUT_LEDGER_RATIO)
+        for model in models:
+            for part in names.LEDGER_COUNTED:
+                if part not in unmeasured:
+                    tokens.add_metric([model, part], float(getattr(totals, part)))
+        for window, seconds in self.windows.items():
+            parts, unmeasured = self.view.ledger_window(seconds)
+            for model in models:
+                achieved = parts.achieved
+                if achieved is None:
+                    hits = []
+                    for mon in self.monitors:
+                        with mon.lock:
+                            figures = mon.models.get(model) if mon.up else None
+                            if figures is not None and window in figures.windows:
+                                hits.append(figures.windows[window].hits)
+                    if not hits or any(math.isnan(h) for h in hits):
+                        continue
+                    achieved = round(sum(hits))
+                for part, value in ledger_ratios(parts, achieved).items():
+                    if part not in unmeasured:
+                        shares.add_metric([model, window, part], value)
 
     def _collect_target(self, mon: TargetMonitor, family, fleet) -> None:
         t = mon.name

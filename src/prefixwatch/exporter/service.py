@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import queue
 import threading
 import time
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
@@ -20,7 +22,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from prefixwatch.core import names
+from prefixwatch.core import names, schemas
 from prefixwatch.core.diagnosis import Diagnosis, diagnose
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
@@ -52,7 +54,10 @@ class Exporter:
         self.reader: RequestsLogReader | None = None
         if config.requests_log is not None:
             rl = config.requests_log
-            self.view = RequestView(max_requests=rl.max_requests, max_blocks=rl.max_blocks)
+            self.view = RequestView(max_requests=rl.max_requests, max_blocks=rl.max_blocks,
+                                    pool_blocks=self.pool_blocks)
+            self.view.ledger.single_replica = len(self.monitors) == 1
+            self._pool_sizes: tuple[float, dict[str, int]] = (-math.inf, {})
             self.reader = RequestsLogReader(rl, self.view, config.targets[0].url)
         self.state = DiagnosisState(config.diagnosis_window)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -108,6 +113,28 @@ class Exporter:
                 listener()
             except Exception:  # an OTLP hiccup must not stop the polling
                 log.exception("after-round hook failed")
+
+    def pool_blocks(self, replica: Hashable) -> int | None:
+        """A replica's KV pool in blocks (num_gpu_blocks of its cache_config_info), for the
+        ledger: the target of that name or address; without one, the one size every target
+        reports (a homogeneous fleet); None when not known."""
+        at, sizes = self._pool_sizes
+        if time.monotonic() - at > 1.0:
+            sizes = {}
+            for mon in self.monitors:
+                with mon.lock:
+                    snap = mon.snapshot
+                    got = {v.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS)
+                           for v in snap.series.values()} if snap else set()
+                if len(got) == 1 and (value := got.pop()) and value.isdigit():
+                    sizes[mon.name] = sizes[urlsplit(mon.target.url).netloc] = int(value)
+            self._pool_sizes = (time.monotonic(), sizes)
+        if isinstance(replica, str) and replica in sizes:
+            return sizes[replica]
+        if replica is None and len(self.monitors) != 1:
+            return None  # one log for several pools: eviction is not separable
+        values = set(sizes.values())
+        return values.pop() if len(values) == 1 and sizes else None
 
     def update_diagnosis(self, now: float) -> None:
         """Recompute every target's and model's causes from the latest poll."""

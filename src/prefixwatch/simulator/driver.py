@@ -14,8 +14,10 @@ import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from prefixwatch.simulator.engine import SimRequest
 from prefixwatch.simulator.scenarios import SCENARIOS, Corpus, Scenario, Work
 from prefixwatch.simulator.server import BadRequest, Replica
+from prefixwatch.simulator.truth import LedgerTruth
 
 log = logging.getLogger("prefixwatch.simulate")
 
@@ -36,14 +38,21 @@ class Router:
         return replica
 
 
-def submit_work(replica: Replica, work: Work) -> None:
+def tokenize_work(replica: Replica, body: dict) -> tuple[list[int], str | None]:
+    if "messages" in body:
+        return replica.tokenize_chat(body)
+    return replica.tokenize_prompt(body["prompt"])
+
+
+def submit_work(replica: Replica, work: Work, truth: LedgerTruth | None = None) -> SimRequest:
     body = work.body
     extra = replica.extra_keys(body.get("model"), body.get("cache_salt"))
-    if work.is_chat:
-        prompt, text = replica.tokenize_chat(body)
-    else:
-        prompt, text = replica.tokenize_prompt(body["prompt"])
-    replica.submit(prompt, int(body.get("max_tokens", 16)), extra, text)
+    prompt, text = tokenize_work(replica, body)
+    req = replica.submit(prompt, int(body.get("max_tokens", 16)), extra, text)
+    if truth is not None:
+        fixed = prompt if work.fixed is None else tokenize_work(replica, work.fixed)[0]
+        truth.record(replica.index, req, fixed)
+    return req
 
 
 class Driver:
@@ -52,8 +61,9 @@ class Driver:
     def __init__(self, replicas: Sequence[Replica], scenario: Scenario, rate: float,
                  seed: int = 1, switch_at: float | None = None,
                  switch_to: Scenario | None = None, routing: str | None = None,
-                 restart_at: float | None = None) -> None:
+                 restart_at: float | None = None, truth: LedgerTruth | None = None) -> None:
         self.replicas = list(replicas)
+        self.truth = truth
         self.scenario = scenario
         self.rate = rate
         self.rng = random.Random(seed)
@@ -104,7 +114,7 @@ class Driver:
         work = self.scenario.make(self.rng, self.corpus, datetime.now(UTC))
         replica = self.router.pick(work)
         try:
-            submit_work(replica, work)
+            submit_work(replica, work, self.truth)
             self.sent += 1
         except BadRequest as exc:
             self.rejected += 1

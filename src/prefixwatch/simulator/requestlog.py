@@ -13,19 +13,39 @@ from ``RequestLogger.log_inputs``:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import IO
 
+FORMATS = ("vllm", "jsonl")
+
 
 class RequestLogger:
-    def __init__(self, stream: IO[str], max_log_len: int | None = None) -> None:
+    """``fmt="vllm"``: vLLM's own lines; ``"jsonl"``: a gateway's fleet log, one JSON object
+    a request with its token ids and the replica that served it (the ledger's routing part)."""
+
+    def __init__(self, stream: IO[str], max_log_len: int | None = None, fmt: str = "vllm"
+                 ) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown request log format {fmt!r}")
         self._stream = stream
         self._max = max_log_len
+        self._fmt = fmt
         self._lock = threading.Lock()
 
     def log(self, request_id: str, prompt: str | None, token_ids: list[int],
-            extra_keys: tuple | None) -> None:
+            extra_keys: tuple | None, replica: str | None = None, max_tokens: int = 16
+            ) -> None:
+        if self._fmt == "jsonl":
+            record = {"request_id": request_id, "prompt_token_ids": token_ids,
+                      "replica": replica, "max_tokens": max_tokens}
+            if extra_keys:
+                record.update(lora=extra_keys[0], cache_salt=extra_keys[1])
+            with self._lock:
+                self._stream.write(json.dumps(record, separators=(",", ":")) + "\n")
+                self._stream.flush()
+            return
         ids = token_ids if self._max is None else token_ids[: self._max]
         text = prompt if prompt is None or self._max is None else prompt[: self._max]
         stamp = time.strftime("%m-%d %H:%M:%S")
@@ -35,7 +55,8 @@ class RequestLogger:
             f"DEBUG {stamp} [request_logger.py:47] Request {request_id} details: prompt: "
             f"{text!r}, prompt_token_ids: {ids}, prompt_embeds shape: None.\n"
             f"INFO {stamp} [request_logger.py:57] Received request {request_id}: params: "
-            f"SamplingParams(n=1, temperature=0.0), lora_request: {lora_repr}.\n"
+            f"SamplingParams(n=1, temperature=0.0, max_tokens={max_tokens}), "
+            f"lora_request: {lora_repr}.\n"
         )
         with self._lock:
             self._stream.write(lines)

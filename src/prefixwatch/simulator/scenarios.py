@@ -109,6 +109,9 @@ class Work:
 
     body: dict[str, Any]
     route_key: str = ""
+    #: The same request with its varying span made constant (the prompt-layout fix applied);
+    #: None when nothing in it varies at the top. The ledger's truth for ``layout``.
+    fixed: dict[str, Any] | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -151,9 +154,14 @@ def _static(rng: random.Random, c: Corpus, now: datetime) -> Work:
     return Work(_chat(c.system_prompt(), c.question(rng), c.tools))
 
 
+_FIXED_NOW = datetime(2025, 1, 1, 12, 0, 0, 123456)
+
+
 def _timestamp_top(rng: random.Random, c: Corpus, now: datetime) -> Work:
     system = f"Current date and time: {_stamp(now)}\n{c.system_prompt()}"
-    return Work(_chat(system, c.question(rng), c.tools))
+    question = c.question(rng)
+    fixed = f"Current date and time: {_stamp(_FIXED_NOW)}\n{c.system_prompt()}"
+    return Work(_chat(system, question, c.tools), fixed=_chat(fixed, question, c.tools))
 
 
 def _timestamp_end(rng: random.Random, c: Corpus, now: datetime) -> Work:
@@ -164,7 +172,9 @@ def _timestamp_end(rng: random.Random, c: Corpus, now: datetime) -> Work:
 def _user_id(rng: random.Random, c: Corpus, now: datetime) -> Work:
     system = (f"You are helping {rng.choice(_NAMES)} (user id {uuid.UUID(int=rng.getrandbits(128))}"
               f").\n{c.system_prompt()}")
-    return Work(_chat(system, c.question(rng), c.tools))
+    question = c.question(rng)
+    fixed = f"You are helping {_NAMES[0]} (user id {uuid.UUID(int=0)}).\n{c.system_prompt()}"
+    return Work(_chat(system, question, c.tools), fixed=_chat(fixed, question, c.tools))
 
 
 def _shuffled_tool(rng: random.Random, tool: Any) -> Any:
@@ -200,8 +210,10 @@ def _tenant_system(c: Corpus, tenant: int) -> str:
 def _many_tenants(count: int, max_tokens: int = 32) -> Maker:
     def make(rng: random.Random, c: Corpus, now: datetime) -> Work:
         tenant = rng.randrange(count)
-        return Work(_chat(_tenant_system(c, tenant), c.question(rng), c.tools,
-                          max_tokens=max_tokens), route_key=f"tenant-{tenant}")
+        question = c.question(rng)
+        return Work(_chat(_tenant_system(c, tenant), question, c.tools, max_tokens=max_tokens),
+                    route_key=f"tenant-{tenant}",
+                    fixed=_chat(_tenant_system(c, 0), question, c.tools, max_tokens=max_tokens))
     return make
 
 

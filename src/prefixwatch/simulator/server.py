@@ -48,6 +48,8 @@ class Replica:
         self.tokenizer = tokenizer or Tokenizer()
         self.lora_modules = tuple(lora_modules)
         self.request_log = request_log
+        #: How a fleet log names this replica.
+        self.name = f"replica-{index}"
         self.engine = Engine(config)
         self.engine.set_answer_vocabulary(self.tokenizer.answer_ids)
         self.metrics = PageMetrics(self.engine, server)
@@ -89,7 +91,8 @@ class Replica:
         except OverflowError as exc:
             raise BadRequest(str(exc), 503) from exc
         if self.request_log is not None:
-            self.request_log.log(req.request_id, prompt_text, prompt, extra_keys)
+            self.request_log.log(req.request_id, prompt_text, prompt, extra_keys, self.name,
+                                 max_tokens)
         return req
 
     def tokenize_prompt(self, prompt: Any) -> tuple[list[int], str | None]:

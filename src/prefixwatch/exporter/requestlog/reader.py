@@ -188,7 +188,7 @@ class RequestsLogReader:
             try:
                 self.view.add(ids, req.extra_keys, req.truncated, warm=self._warming,
                               replica=req.replica or self.config.replica,
-                              cached=req.cached_tokens)
+                              cached=req.cached_tokens, output=req.max_tokens)
             except OverflowError:
                 self._skip(req.where, "token id out of range")
 

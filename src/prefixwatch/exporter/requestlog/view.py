@@ -79,19 +79,21 @@ class RequestView:
             self.lines[result] += n
 
     def add(self, tokens: Sequence[int], extra_keys: Hashable = None, truncated: bool = False,
-            warm: bool = False, replica: Hashable = None, cached: int | None = None) -> None:
+            warm: bool = False, replica: Hashable = None, cached: int | None = None,
+            output: int | None = None) -> None:
         """One logged request (raises OverflowError on a token id beyond 32 bits).
 
         ``warm``: history read before following the log; it fills the window's index but is
         not counted, and its time (0) keeps it out of every window's figures. ``replica``
-        and ``cached`` (the engine's cached tokens) feed the ledger when the log has them.
+        ``cached`` (the engine's cached tokens) and ``output`` (its max_tokens) feed the
+        ledger when the log has them.
         """
         packed = array("I", tokens)  # raises OverflowError: nothing is counted
         with self.lock:
             entry, divergence = self.index.add_timed(packed, extra_keys,
                                                      0.0 if warm else self.clock())
             self.ledger.account(self.index, packed, extra_keys, entry, divergence, replica,
-                                cached, warm)
+                                cached, warm, output)
             if warm:
                 return
             self.lines["truncated" if truncated else "request"] += 1
