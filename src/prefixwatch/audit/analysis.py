@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from prefixwatch.core.blockcache import BlockPool
+from prefixwatch.core.ledger import Ledger
 from prefixwatch.core.prefixindex import Divergence, PrefixIndex, RequestResult
 from prefixwatch.core.whatvaries import FIXES, guess_kind
 
@@ -103,9 +104,17 @@ class Auditor:
         self.index = PrefixIndex(block_size)
         self.replay = LruReplay(kv_blocks, block_size) if kv_blocks else None
         self.report = Report(block_size, kv_blocks=kv_blocks)
+        #: The hit-rate ledger over the same index (core/ledger.py); the pool part with
+        #: ``kv_blocks``, the routing part when requests name their replica.
+        self.ledger = Ledger(block_size, (lambda _replica: kv_blocks) if kv_blocks else None)
 
-    def add(self, tokens: Sequence[int], extra_keys: Hashable = None) -> RequestResult:
+    def add(self, tokens: Sequence[int], extra_keys: Hashable = None,
+            replica: str | None = None, cached: int | None = None,
+            output: int | None = None) -> RequestResult:
+        tokens = tokens if type(tokens) is list else list(tokens)
         result = self.index.add(tokens, extra_keys)
+        self.ledger.account(self.index, tokens, extra_keys, result, result.divergence, replica,
+                            cached, output=output)
         r = self.report
         r.requests += 1
         if r.requests % self.FREEZE_EVERY == 0:

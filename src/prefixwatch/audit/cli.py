@@ -14,6 +14,8 @@ from tqdm import tqdm
 
 from prefixwatch.audit.analysis import Auditor, Report, diff
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.ledger import COUNTED as LEDGER_COUNTED
+from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.logformat import BadLine, LogRequest, parse_request, read_jsonl
 from prefixwatch.core.tokenizers import (
     AuditError,
@@ -143,7 +145,8 @@ def _run_log(args: argparse.Namespace) -> int:
             if isinstance(ids, str):
                 _skipped(report, item.where, ids)
                 continue
-            auditor.add(ids, item.extra_keys)
+            auditor.add(ids, item.extra_keys, item.replica, item.cached_tokens,
+                        item.max_tokens)
         bar.update(len(batch))
     bar.close()
     if report.bad_lines and not report.requests:
@@ -156,13 +159,26 @@ def _run_log(args: argparse.Namespace) -> int:
         log.warning("%d more lines skipped", len(report.bad_lines) - _WARN_LINES)
     top = report.top_divergences(tok.decode, args.top, args.redact, decoded=text_capable)
     if args.format == "json":
-        print(json.dumps(_as_json(report, top), indent=2))
+        print(json.dumps({**_as_json(report, top), "ledger": _ledger_json(auditor)}, indent=2))
     else:
         print(_as_text(report, top))
+        print("\nThe ledger: where every prompt token went (docs/runbooks.md#the-hit-rate-ledger)")
+        totals = auditor.ledger.totals
+        print("\n".join(ledger_table(totals, totals.achieved, auditor.ledger.unmeasured())))
     rate = report.achievable_hit_rate
     if args.fail_under is not None and (rate is None or rate < args.fail_under):
         return 1
     return 0
+
+
+def _ledger_json(auditor: Auditor) -> dict[str, Any]:
+    totals = auditor.ledger.totals
+    out: dict[str, Any] = {part: getattr(totals, part) for part in LEDGER_COUNTED}
+    out["achieved"] = totals.achieved
+    out["unexplained"] = (None if totals.achieved is None
+                          else totals.pool_reach - totals.achieved)
+    out["unmeasured"] = list(auditor.ledger.unmeasured())
+    return out
 
 
 def _as_json(report: Report, top: list[dict]) -> dict[str, Any]:

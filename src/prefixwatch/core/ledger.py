@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from prefixwatch.core import names
 from prefixwatch.core.blockcache import BlockPool, cached_tokens_for
-from prefixwatch.core.prefixindex import Divergence, Entry, PrefixIndex
+from prefixwatch.core.prefixindex import Divergence, Entry, PrefixIndex, RequestResult
 
 #: The longest varying span (tokens) a layout fix is credited for: a date, an id, a name.
 LAYOUT_SPAN = 64
@@ -132,14 +132,16 @@ class Ledger:
     # -- feeding -------------------------------------------------------------------------------
 
     def account(self, index: PrefixIndex, q: Sequence[int], extra_keys: Hashable,
-                entry: Entry, divergence: Divergence | None, replica: Hashable = None,
-                cached: int | None = None, warm: bool = False, output: int | None = None
-                ) -> Parts | None:
+                entry: Entry | RequestResult, divergence: Divergence | None,
+                replica: Hashable = None, cached: int | None = None, warm: bool = False,
+                output: int | None = None) -> Parts | None:
         """The ledger of the request just added to ``index`` (the view's window) as ``entry``.
 
         ``q`` is the request's tokens as the index holds them; ``replica`` its replica (None:
         unknown); ``cached`` the engine's cached tokens for it when the log carries them;
-        ``output`` the tokens it generates (max_tokens), whose blocks the pool holds too."""
+        ``output`` the tokens it generates (max_tokens), whose blocks the pool holds too.
+        With a whole-log index (the audit's) nothing leaves: no rows are kept."""
+        at = entry.at if isinstance(entry, Entry) else 0.0
         p, bs = entry.prompt_tokens, self.bs
         fleet = entry.cacheable_tokens
         if replica is None:
@@ -147,9 +149,10 @@ class Ledger:
         else:
             rindex = self.replicas.get(replica)
             if rindex is None:
-                bound = index.max_requests or len(index.window) + 1
-                rindex = self.replicas[replica] = PrefixIndex(bs, bound + 1)
-            own = rindex.insert(q, extra_keys, entry.at).cacheable_tokens
+                bound = (index.max_requests or len(index.window) + 1) + 1
+                rindex = self.replicas[replica] = PrefixIndex(bs, bound if index.sliding
+                                                              else None)
+            own = rindex.insert(q, extra_keys, at).cacheable_tokens
         pool = self._pool(replica)
         reach = own if pool is None else min(self._replay(pool, q, extra_keys, output or 0), own)
         layout = 0
@@ -159,8 +162,9 @@ class Ledger:
                 layout = max(0, cached_tokens_for(p, end // bs, bs) - fleet)
         parts = Parts(p, p - fleet - layout, layout, fleet - own, own - reach, reach,
                       cached, 1)
-        self.rows.append(_Row(entry.at, replica, None if warm else parts))
-        self._follow(index)
+        if index.sliding:
+            self.rows.append(_Row(at, replica, None if warm else parts))
+            self._follow(index)
         if warm:
             return None
         if replica is not None:
@@ -237,6 +241,37 @@ class Ledger:
         if not self.eviction_measured:
             out.append("eviction")
         return tuple(out)
+
+
+def table(parts: Parts, achieved: int | None, unmeasured: Sequence[str]) -> list[str]:
+    """The ledger as text rows (part, tokens, share of the prompt tokens), for the audit and
+    ``prefixwatch status``; parts that cannot be measured say so instead of a number."""
+    p = parts.prompt
+    rows = [f"{'PART':<12} {'TOKENS':>12} {'SHARE':>7}"]
+
+    def row(name: str, value: int | None, note: str = "") -> None:
+        share = f"{value / p:7.1%}" if value is not None and p else f"{'-':>7}"
+        shown = f"{value:>12}" if value is not None else f"{'-':>12}"
+        rows.append(f"{name:<12} {shown} {share}{'  ' + note if note else ''}")
+
+    folded = " (in unexplained)"
+    row("prompt", p)
+    row("achieved", achieved, "" if achieved is not None else
+        "unknown: the engine's cached tokens are needed")
+    row("novel", parts.novel, "no earlier request shares it")
+    row("layout", parts.layout, "a prompt-layout fix would share it")
+    row("routing", None if "routing" in unmeasured else parts.routing,
+        "not separable: no replica per request" + folded if "routing" in unmeasured
+        else "cached on another replica")
+    row("eviction", None if "eviction" in unmeasured else parts.eviction,
+        "not separable: the pool size is unknown" + folded if "eviction" in unmeasured
+        else "the replica's pool lost it")
+    if achieved is None:
+        row("pool_reach", parts.pool_reach, "what the pool would serve")
+    else:
+        row("unexplained", parts.pool_reach - achieved,
+            "pool_reach - achieved: preemption, another pool size, unlogged traffic")
+    return rows
 
 
 def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int) -> int:
