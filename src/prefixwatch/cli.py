@@ -211,11 +211,12 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from prefixwatch.exporter.status import collect_status, render
+    from prefixwatch.exporter.status import collect_status, ledger_status, render
 
     config = _config_from(args, with_exporter_flags=False)
     rows = collect_status(config, args.gap)
     print(render(rows, args.gap))
+    print("\n".join(ledger_status(config, rows)))
     return 1 if any(r.error for r in rows) else 0
 
 

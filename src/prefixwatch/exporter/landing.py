@@ -9,8 +9,10 @@ import html
 import time
 from typing import TYPE_CHECKING
 
+from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
 from prefixwatch.exporter.charts import charts_section
+from prefixwatch.exporter.status import LEDGER_NEEDS_LOG
 
 if TYPE_CHECKING:
     from prefixwatch.exporter.service import Exporter
@@ -50,7 +52,33 @@ def render_landing(exporter: Exporter) -> str:
         "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
         "<th>hit ratio</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
-        + charts_section(exporter, time.time()) + "</body></html>")
+        + ledger_section(exporter, window) + charts_section(exporter, time.time())
+        + "</body></html>")
+
+
+def ledger_section(exporter: Exporter, window: str | None) -> str:
+    """Where the window's prompt tokens went (core/ledger.py), or that it needs a request log."""
+    view = exporter.view
+    if view is None:
+        return f"<p>{html.escape(LEDGER_NEEDS_LOG)}</p>"
+    seconds = exporter.config.window_seconds.get(window or "", exporter.diag_seconds)
+    parts, unmeasured = view.ledger_window(seconds)
+    if not parts.requests:
+        return "<p>Ledger: no logged request in the window yet.</p>"
+    achieved = parts.achieved
+    if achieved is None:
+        hits = []
+        for mon in exporter.monitors:
+            with mon.lock:
+                for figures in mon.models.values():
+                    wf = figures.windows.get(window or "")
+                    if mon.up and wf is not None and wf.hits == wf.hits:  # not NaN
+                        hits.append(wf.hits)
+        achieved = round(sum(hits)) if hits else None
+    lines = ledger_table(parts, achieved, unmeasured)
+    return (f"<h2>Where the prompt tokens went ({html.escape(str(window))}, "
+            "docs/runbooks.md#the-hit-rate-ledger)</h2><pre>"
+            + html.escape("\n".join(lines)) + "</pre>")
 
 
 #: The charts' cards (exporter/charts.py), laid out to fill a 1280-pixel window.

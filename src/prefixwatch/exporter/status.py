@@ -6,11 +6,14 @@ import math
 import time
 from dataclasses import dataclass
 
-from prefixwatch.core import causes
+from prefixwatch.core import causes, schemas
 from prefixwatch.core.diagnosis import diagnose
+from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+from prefixwatch.exporter.requestlog.reader import RequestsLogReader
+from prefixwatch.exporter.requestlog.view import RequestView
 
 
 @dataclass
@@ -28,6 +31,8 @@ class StatusRow:
     block_size: int | None
     caching_enabled: bool | None
     error: str = ""
+    #: The KV pool in blocks (cache_config_info num_gpu_blocks), for the ledger.
+    pool_blocks: int | None = None
     causes: tuple[str, ...] = ()
 
 
@@ -64,7 +69,10 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
             if lifetime is None and not schema.windows_supported:
                 reported = [s.values.gauges.get("engine_reported_hit_ratio") for s in states]
                 lifetime = next((r for r in reported if r is not None), None)
+            pools = {s.values.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS) for s in states}
+            pool = pools.pop() if len(pools) == 1 else None
             rows.append(StatusRow(
+                pool_blocks=int(pool) if pool and pool.isdigit() else None,
                 target=mon.name, model=model, server=schema.server, schema=schema.schema,
                 gap_ratio=wf.hit_ratio if wf else None,
                 lifetime_ratio=lifetime,
@@ -115,3 +123,32 @@ def render(rows: list[StatusRow], gap: float) -> str:
             named = "; ".join(f"{c}: {summaries[c]}" for c in r.causes) or "none diagnosed"
             lines.append(f"  {r.target} {r.model}: {named}")
     return "\n".join(lines)
+
+
+LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
+                    "eviction) needs a request log: --requests-log PATH "
+                    "(docs/runbooks.md#the-hit-rate-ledger).")
+
+
+def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
+    """The ledger of the whole request log (read once), as a table; or why there is none."""
+    if config.requests_log is None:
+        return ["", LEDGER_NEEDS_LOG]
+    sizes = {r.block_size for r in rows if r.block_size}
+    pools = {r.pool_blocks for r in rows if not r.error}
+    pool = pools.pop() if len(pools) == 1 else None
+    view = RequestView(sizes.pop() if len(sizes) == 1 else 16,
+                       pool_blocks=lambda _replica: pool)
+    view.ledger.single_replica = len(config.targets) == 1
+    rl = config.requests_log
+    reader = RequestsLogReader(type(rl)(**{**rl.__dict__, "follow": False}), view,
+                               config.targets[0].url if config.targets else None)
+    reader.start()
+    reader.done.wait()
+    reader.stop()
+    totals, unmeasured = view.ledger_totals()
+    if not totals.requests:
+        return ["", f"Ledger: no request could be read from {rl.path}."]
+    return ["", f"Ledger of {rl.path} ({totals.requests} requests; "
+                "docs/runbooks.md#the-hit-rate-ledger):",
+            *("  " + line for line in ledger_table(totals, totals.achieved, unmeasured))]

@@ -1,0 +1,65 @@
+"""`prefixwatch status` prints the ledger of the request log, or says it needs one."""
+
+from __future__ import annotations
+
+import json
+
+from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, collect_status, ledger_status
+from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.server import Replica, ReplicaServer
+
+
+def test_status_ledger_table_and_the_note_without_a_log(tmp_path) -> None:
+    server = ReplicaServer(Replica(EngineConfig(num_blocks=64)), "127.0.0.1", 0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        prompt = list(range(1, 41))  # 40 tokens: 2 full blocks of 16 cacheable
+        log = tmp_path / "requests.jsonl"
+        log.write_text("".join(json.dumps({"prompt_token_ids": prompt, "max_tokens": 4}) + "\n"
+                               for _ in range(2)))
+        config = build_config(targets=[url], environ={},
+                              requests_log={"path": str(log), "tokenizer": "none"})
+        rows = collect_status(config, 0.2)
+        assert rows[0].pool_blocks == 64
+        table = {line.split()[0]: line.split()[1] for line in ledger_status(config, rows)[3:]}
+        # The second request reaches the first one's 2 blocks: 32 of 80 tokens.
+        assert {k: table[k] for k in ("prompt", "novel", "routing", "eviction",
+                                      "pool_reach")} == {
+            "prompt": "80", "novel": "48", "routing": "0", "eviction": "0", "pool_reach": "32"}
+        bare = build_config(targets=[url], environ={})
+        assert ledger_status(bare, collect_status(bare, 0.2)) == ["", LEDGER_NEEDS_LOG]
+    finally:
+        server.stop()
+
+
+def test_landing_page_says_the_ledger_needs_a_log_and_shows_it_with_one(tmp_path) -> None:
+    from prefixwatch.exporter.landing import render_landing
+    from prefixwatch.exporter.service import Exporter
+
+    server = ReplicaServer(Replica(EngineConfig(num_blocks=64)), "127.0.0.1", 0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        bare = Exporter(build_config(targets=[url], environ={}, listen_address="127.0.0.1:0"))
+        bare.poll_round()
+        assert "needs a request log" in render_landing(bare)
+        page = bare.registry.collect()
+        assert not any(f.name.startswith("prefixwatch_ledger") for f in page)
+        bare.stop()
+        log = tmp_path / "requests.jsonl"
+        log.write_text("")
+        exp = Exporter(build_config(targets=[url], environ={}, listen_address="127.0.0.1:0",
+                                    requests_log={"path": str(log), "tokenizer": "none"}))
+        exp.poll_round()
+        assert exp.view is not None
+        exp.view.add(list(range(1, 41)))
+        exp.view.add(list(range(1, 41)))
+        html_page = render_landing(exp)
+        exp.stop()
+        assert "Where the prompt tokens went" in html_page
+        # One poll: no engine counters over the window yet, so no achieved, no unexplained.
+        assert "pool_reach             32" in html_page and "unexplained" not in html_page
+    finally:
+        server.stop()
