@@ -191,3 +191,16 @@ def test_evidence_from_polled_pages() -> None:
     assert ev.seconds_since_start == pytest.approx(5)
     mon.ingest(page(q=20, on="False", created=t0 + 70), t0 + 80)
     assert evidence_for(mon, t0 + 80, 60.0)["m"].caching_enabled is False
+
+
+def test_hit_ratio_mode_is_one_shared_key():
+    """``hit_ratio: effective|device`` parses once for both config files; default effective."""
+    import pytest
+
+    from prefixwatch.core import settings
+    from prefixwatch.core.errors import ConfigError
+
+    assert settings.diagnosis_from({}, "x").hit_ratio_mode == "effective"
+    assert settings.diagnosis_from({"hit_ratio": "device"}, "x").hit_ratio_mode == "device"
+    with pytest.raises(ConfigError, match="hit_ratio must be one of effective, device"):
+        settings.diagnosis_from({"hit_ratio": "gpu"}, "x")

@@ -4,7 +4,9 @@ A ``diagnosis:`` section (the thresholds of ``core.causes.DiagnosisThresholds``,
 the cold start) reads the same in the exporter's ``--config`` file and in the mixin config, and
 the top-level ``hit_ratio_threshold`` and ``cold_start`` of either file are the defaults of its
 ``hit_ratio`` and ``cold_start``: so the threshold that pages and the threshold that diagnoses
-are one number. Pure: the exporter cannot import the mixin, so both import this.
+are one number. The top-level ``hit_ratio: effective|device`` says which ratio both judge: the
+effective one (prompt tokens served from any cache tier) or the device pool's alone.
+Pure: the exporter cannot import the mixin, so both import this.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from prefixwatch.core.windows import parse_duration
 THRESHOLD_KEY = "hit_ratio_threshold"
 COLD_START_KEY = "cold_start"
 DIAGNOSIS_KEY = "diagnosis"
+#: Top-level key: which hit ratio the threshold judges (alerts and diagnosis alike).
+HIT_RATIO_KEY = "hit_ratio"
+HIT_RATIO_EFFECTIVE = "effective"
+HIT_RATIO_DEVICE = "device"
+HIT_RATIO_MODES: tuple[str, ...] = (HIT_RATIO_EFFECTIVE, HIT_RATIO_DEVICE)
+DEFAULT_HIT_RATIO_MODE = HIT_RATIO_EFFECTIVE
 THRESHOLD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DiagnosisThresholds))
 DIAGNOSIS_KEYS = frozenset({"window", "cold_start", *THRESHOLD_FIELDS})
 #: Thresholds that are shares: in (0, 1].
@@ -35,6 +43,8 @@ class DiagnosisSettings:
     window: str = DIAGNOSIS_WINDOW
     cold_start: str = COLD_START
     thresholds: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
+    #: Which ratio the hit-ratio threshold judges: ``effective`` (any tier) or ``device``.
+    hit_ratio_mode: str = DEFAULT_HIT_RATIO_MODE
 
     def as_mapping(self) -> dict[str, Any]:
         """The ``diagnosis:`` section that reads back as these settings (every key given)."""
@@ -51,6 +61,16 @@ def check_share(name: str, value: Any, where: str, *, upper_open: bool = True) -
         bound = "between 0 and 1" if upper_open else "in (0, 1]"
         raise ConfigError(f"{where}: {name} must be {bound}, not {value}")
     return float(value)
+
+
+def check_hit_ratio_mode(value: Any, where: str) -> str:
+    """``effective`` or ``device`` (None: the default, effective)."""
+    if value is None:
+        return DEFAULT_HIT_RATIO_MODE
+    if value not in HIT_RATIO_MODES:
+        raise ConfigError(f"{where}: {HIT_RATIO_KEY} must be one of "
+                          f"{', '.join(HIT_RATIO_MODES)}, not {value!r}")
+    return str(value)
 
 
 def check_duration(name: str, value: Any, where: str) -> str:
@@ -86,7 +106,8 @@ def thresholds_from(data: Mapping[str, Any], where: str,
 
 def diagnosis_from(config: Mapping[str, Any], where: str) -> DiagnosisSettings:
     """The diagnosis settings of a config file's top level (``hit_ratio_threshold``,
-    ``cold_start``, ``diagnosis:``); keys of ``diagnosis:`` win over the top-level ones."""
+    ``hit_ratio``, ``cold_start``, ``diagnosis:``); keys of ``diagnosis:`` win over the
+    top-level ones."""
     section = config.get(DIAGNOSIS_KEY)
     if section is None:
         section = {}
@@ -104,4 +125,5 @@ def diagnosis_from(config: Mapping[str, Any], where: str) -> DiagnosisSettings:
         window=DIAGNOSIS_WINDOW if window is None else check_duration(
             "diagnosis.window", window, where),
         cold_start=COLD_START if cold is None else check_duration("cold_start", cold, where),
-        thresholds=thresholds_from(numbers, where))
+        thresholds=thresholds_from(numbers, where),
+        hit_ratio_mode=check_hit_ratio_mode(config.get(HIT_RATIO_KEY), where))
