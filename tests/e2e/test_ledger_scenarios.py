@@ -12,8 +12,10 @@ point of 0, and the parts must add up to the token.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
+import threading
 import time
 from datetime import datetime
 
@@ -56,6 +58,20 @@ CASES: dict[str, Scenario] = {
 }
 
 
+class _Following(logging.Handler):
+    """Set when the exporter's reader follows the log: lines written before that are history
+    (they fill the window but are not counted), so the driver waits for it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "following from byte" in record.getMessage() and self.path in record.getMessage():
+            self.event.set()
+
+
 @dataclasses.dataclass
 class Outcome:
     exporter: dict[str, int]  # the six shares in tokens, plus prompt
@@ -82,8 +98,14 @@ def run_case(name: str, tmp_path, seconds: float = 5.0, rate: float = 25.0) -> O
     exporter = Exporter(config)
     truth = LedgerTruth(cfg.block_size)
     driver = Driver([s.replica for s in servers], sc, rate, seed=3, truth=truth)
+    following = _Following(log_path)
+    reader_log = logging.getLogger("prefixwatch.requests")
+    reader_log.addHandler(following)
+    old_level = reader_log.level
+    reader_log.setLevel(logging.INFO)
     try:
         exporter.poll_round()  # block size and pool size known, the log followed from here
+        assert following.event.wait(10), "the exporter did not start following the log"
         driver.start()
         started = time.monotonic()
         while time.monotonic() - started < seconds:
@@ -99,6 +121,8 @@ def run_case(name: str, tmp_path, seconds: float = 5.0, rate: float = 25.0) -> O
         exporter.poll_round()  # the engines' counters after the last request
         page = generate_latest(exporter.registry).decode()
     finally:
+        reader_log.removeHandler(following)
+        reader_log.setLevel(old_level)
         driver.stop()
         exporter.stop()
         for s in servers:
@@ -120,7 +144,9 @@ def ledger_table(name: str, out: Outcome) -> str:
     p = out.exporter["prompt"]
     cells = "  ".join(f"{k} {100 * out.exporter[k] / p:5.1f}/{100 * out.truth[k] / p:5.1f}"
                       for k in PARTS)
-    return f"{name:17s} {out.requests:4d} req {p:7d} tok  {cells}  (exporter/truth %)"
+    tokens = " ".join(f"{k}={out.exporter[k]}" for k in PARTS)
+    return (f"{name:17s} {out.requests:4d} req {p:7d} tok  {cells}  (exporter/truth %)\n"
+            f"{'':17s} exporter tokens: {tokens}")
 
 
 @pytest.mark.integration
