@@ -3,12 +3,13 @@ real chromium from a running exporter."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import requests
 
-from prefixwatch.exporter.charts import BINS, bin_history, svg_chart
+from prefixwatch.exporter.charts import BINS, bin_history, charts_section, svg_chart
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.service import Exporter
@@ -42,7 +43,7 @@ def test_binned_history_follows_the_counters(vllm_page: str) -> None:
     start = _regression(exporter, vllm_page)
     mon = exporter.monitors[0]
     histories = [s.history for s in mon.series.values()]
-    binned = bin_history(histories, mon.last_success, span=mon.last_success - start)
+    binned = bin_history(histories, mon.last_success, width=(mon.last_success - start) / BINS)
     ratios = [r for r in binned.ratios() if r is not None]
     assert len(ratios) >= BINS - 2
     assert abs(ratios[2] - 0.89) < 0.01 and abs(ratios[-1] - 0.03) < 0.01
@@ -84,3 +85,73 @@ def test_landing_page_renders_in_chromium(vllm_page: str, tmp_path: Path) -> Non
         exporter.stop()
         for server in servers:
             server.close()
+
+
+OTHER = "acme/other-model"
+
+
+def _page(page: str, queries: float, hits: float, ttft: float, slow: float,
+          other: bool = False, other_ttft: bool = True) -> str:
+    """A poll: prefix-cache counters, the TTFT histogram grown ``ttft`` times plus ``slow``
+    requests over 1 s (so its median moves), and optionally a second model (without its
+    histogram: a new layout, so a new history)."""
+    out = []
+    for line in with_counters(page, queries, hits).splitlines():
+        head, _, value = line.rpartition(" ")
+        if line.startswith("vllm:time_to_first_token_seconds_bucket{"):
+            le = float(re.search(r'le="([^"]+)"', line).group(1))
+            line = f"{head} {float(value) * ttft + (slow if le >= 1.0 else 0.0)}"
+        elif line.startswith("vllm:time_to_first_token_seconds_count{"):
+            line = f"{head} {float(value) * ttft + slow}"
+        out.append(line)
+        if (other and MODEL in line and not line.startswith("#")
+                and (other_ttft or "time_to_first_token" not in line)):
+            out.append(line.replace(MODEL, OTHER))
+    return "\n".join(out) + "\n"
+
+
+def _same_render(exporter: Exporter, now: float) -> str:
+    cached = charts_section(exporter, now)
+    assert cached == charts_section(exporter, now, cached=False)
+    return cached
+
+
+def test_cached_render_equals_a_fresh_one(vllm_page: str) -> None:
+    """Poll by poll, across a counter reset, a model appearing, vanishing and coming back, its
+    history restarting (a new layout), a target lagging the other, polls landing exactly on
+    bin edges, and the grid widening as history grows."""
+    exporter = _exporter("http://127.0.0.1:9/metrics", "http://127.0.0.1:10/metrics")
+    a, b = exporter.monitors
+    start = (time.time() // 3600 - 1) * 3600  # polls at multiples of 5 s: some on bin edges
+    queries = hits = ttft = slow = 0.0
+    widths = set()
+    for i in range(90):
+        queries, hits = (queries + 1000, hits + (800 if i % 20 < 10 else 100))
+        ttft, slow = ttft + 1, slow + (i % 7)
+        if i == 30:  # a restart: every counter starts again from zero
+            queries, hits, ttft, slow = 1000.0, 800.0, 1.0, 0.0
+        other = 40 <= i < 55 or i >= 65
+        now = start + i * 5.0
+        a.ingest(_page(vllm_page, queries, hits, ttft, slow, other, i not in (70, 71)), now)
+        if i % 9 != 4:  # b misses a poll now and then: it lags a
+            b.ingest(_page(vllm_page, queries, hits / 2, ttft, slow), now + 1.5)
+        html = _same_render(exporter, now + 3)
+        widths.add(re.search(r"one point per ([^;]+);", html).group(1))
+        if i == 45:
+            assert OTHER in html
+    assert html.count('<svg class="chart"') == 2 + 3  # two fleet charts, three target charts
+    assert "TTFT p50 peak" in html and len(widths) >= 2
+
+
+def test_cached_render_equals_a_fresh_one_over_an_hour(vllm_page: str) -> None:
+    """The steady state: an hour's grid, bins completing and scrolling out, tiers trimming."""
+    exporter = _exporter("http://127.0.0.1:9/metrics")
+    mon = exporter.monitors[0]
+    start = time.time() - 5000
+    queries = hits = 0.0
+    for i in range(800):
+        queries, hits = queries + 1000, hits + (900 if i < 400 else 50 + i % 13)
+        mon.ingest(_page(vllm_page, queries, hits, i + 1.0, i // 3), start + i * 5.0)
+        if i == 740 or (i > 760 and i % 2):
+            html = _same_render(exporter, start + i * 5.0)
+    assert "the last 60 min, one point per 75 s" in html and "TTFT p50 peak" in html

@@ -146,6 +146,33 @@ class SeriesHistory:
         """Distinct points held (tiers share the vectors they have in common)."""
         return len({id(v) for tier in self._tiers for v in tier.values})
 
+    # -- read-only access (the landing page's charts read history without touching the tiers) --
+
+    def tier_plan(self) -> tuple[tuple[float, float], ...]:
+        """(resolution, span) of each tier, finest first."""
+        return tuple((tier.resolution, tier.span) for tier in self._tiers)
+
+    def held(self, tier: int = 0) -> tuple[float, float] | None:
+        """(oldest, newest) time of the points one tier holds; None while it is empty."""
+        times = self._tiers[tier].times
+        return (times[0], times[-1]) if times else None
+
+    def values_at(self, times: Iterable[float], picks: Sequence[int], tier: int = 0
+                  ) -> list[list[float]]:
+        """The ``picks`` components of the tier's newest point at or before each time (NaN
+        before its first point): copies, so a reader cannot change the history."""
+        held = self._tiers[tier]
+        nan = [math.nan] * len(picks)
+        out = []
+        for when in times:
+            i = bisect.bisect_right(held.times, when) - 1
+            if i < 0:
+                out.append(list(nan))
+            else:
+                vec = held.values[i]
+                out.append([vec[p] for p in picks])
+        return out
+
     def delta(self, now: float, window: float) -> tuple[float, array] | None:
         """(seconds covered, adjusted delta vector) over the window ending at the last poll.
 

@@ -1,16 +1,21 @@
 """Small inline-SVG charts for the landing page: hit ratio and TTFT p50 over the last hour.
 
-Read from the monitors' own counter history (never changed here): the cumulative vectors are
-sampled at ``BINS + 1`` bin edges, the finest history tier that reaches back to each edge, so a
-chart costs a few numpy operations per target whatever the poll rate, and the fleet's chart
-is the sum of its targets' edge deltas (sum of hits over sum of queries, never a mean of ratios).
-Every label value is escaped; nothing is fetched from outside.
+Read from the monitors' own counter history (never changed here). Bins sit on a fixed grid:
+edges at multiples of the bin width in wall-clock time, each read from one history tier (the
+finest that holds the whole chart), so an edge older than a series' newest point can never
+change. The completed bins of each (target, model) are therefore computed once and cached with
+their formatted points; a render only computes the newest, partial bin (and, when the grid
+moves on, the bin that just completed). The fleet's chart is the sum of its targets' bin
+deltas (sum of hits over sum of queries, never a mean of ratios). Every label value is escaped;
+nothing is fetched from outside.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,181 +28,460 @@ if TYPE_CHECKING:
     from prefixwatch.exporter.service import Exporter
 
 SPAN_SECONDS = 3600.0
-MIN_SPAN_SECONDS = 120.0
 BINS = 48
 WIDTH, HEIGHT, PAD = 360, 84, 4
+
+Bounds = tuple[float, ...]
+
+
+def _zeros() -> np.ndarray:
+    return np.zeros((BINS, 2))
 
 
 @dataclass
 class Binned:
-    """Per bin: query and hit deltas, and TTFT bucket deltas (None without a histogram)."""
+    """Per bin: query and hit deltas, then the TTFT buckets' deltas (cumulative, as the
+    histogram's buckets are) when there is a histogram."""
 
     start: float
     end: float
-    queries: np.ndarray = field(default_factory=lambda: np.zeros(BINS))
-    hits: np.ndarray = field(default_factory=lambda: np.zeros(BINS))
-    ttft_bounds: np.ndarray | None = None
-    ttft: np.ndarray | None = None  # BINS x buckets, cumulative counts per bin
+    rows: np.ndarray = field(default_factory=_zeros)
+    ttft_bounds: Bounds | None = None
+
+    @property
+    def queries(self) -> np.ndarray:
+        return self.rows[:, 0]
+
+    @property
+    def hits(self) -> np.ndarray:
+        return self.rows[:, 1]
+
+    @property
+    def ttft(self) -> np.ndarray | None:
+        return self.rows[:, 2:] if self.ttft_bounds is not None else None
 
     def add(self, other: Binned) -> None:
-        self.queries = self.queries + other.queries
-        self.hits = self.hits + other.hits
-        if other.ttft is None:
-            return
-        if self.ttft is None:
-            self.ttft_bounds, self.ttft = other.ttft_bounds, other.ttft.copy()
-        elif np.array_equal(self.ttft_bounds, other.ttft_bounds):
-            self.ttft += other.ttft
+        self.rows, self.ttft_bounds = _combine(self.rows, self.ttft_bounds, other.rows,
+                                               other.ttft_bounds)
 
     def ratios(self) -> list[float | None]:
-        return [h / q if q > 0 else None
-                for q, h in zip(self.queries.tolist(), self.hits.tolist(), strict=True)]
+        return [h / q if q > 0 else None for q, h in self.rows[:, :2].tolist()]
 
     def ttft_p50(self) -> list[float | None] | None:
-        if self.ttft is None or self.ttft_bounds is None:
+        if self.ttft_bounds is None:
             return None
-        return [None if math.isnan(v) else v
-                for v in quantile_rows(0.5, self.ttft_bounds, self.ttft).tolist()]
+        return [_median(self.ttft_bounds, row) for row in self.rows[:, 2:].tolist()]
 
 
-def quantile_rows(q: float, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """histogram_quantile (core/windows.py) on every row at once; NaN for an empty row."""
-    total = counts[:, -1]
-    rank = q * total
-    idx = np.argmax(counts >= rank[:, None], axis=1)
-    rows = np.arange(len(counts))
-    lower = np.where(idx > 0, bounds[np.maximum(idx - 1, 0)], 0.0)
-    below = np.where(idx > 0, counts[rows, np.maximum(idx - 1, 0)], 0.0)
+def _combine(rows: np.ndarray, bounds: Bounds | None, other: np.ndarray,
+             other_bounds: Bounds | None) -> tuple[np.ndarray, Bounds | None]:
+    """Sum two engines' (or targets') bin rows. TTFT buckets add only when their bounds agree
+    (the first histogram seen wins); queries and hits always add. One code path for cached and
+    fresh renders, so both sum the same floats in the same order."""
+    if other_bounds is None or (bounds is not None and bounds != other_bounds):
+        out = rows.copy()
+        out[:, :2] += other[:, :2]
+        return out, bounds
+    if bounds is None:
+        return np.concatenate((rows[:, :2] + other[:, :2], other[:, 2:]), axis=1), other_bounds
+    return rows + other, bounds
+
+
+def _median(bounds: Bounds, row: Sequence[float]) -> float | None:
+    """Prometheus' histogram_quantile(0.5) on one row of cumulative bucket deltas (None when
+    empty): plain Python, as one row is far cheaper so than through numpy."""
+    total = row[-1]
+    if not total > 0:
+        return None
+    rank = 0.5 * total
+    idx = next((i for i, c in enumerate(row) if c >= rank), 0)
+    lower = bounds[idx - 1] if idx > 0 else 0.0
+    below = row[idx - 1] if idx > 0 else 0.0
     upper = bounds[idx]
-    inside = counts[rows, idx] - below
-    with np.errstate(divide="ignore", invalid="ignore"):
-        value = np.where(inside > 0, lower + (upper - lower) * (rank - below) / inside, upper)
-    value = np.where(np.isinf(upper), lower, value)
-    return np.where(total > 0, value, np.nan)
+    if math.isinf(upper):
+        value = lower
+    else:
+        inside = row[idx] - below
+        value = lower + (upper - lower) * (rank - below) / inside if inside > 0 else upper
+    return None if math.isnan(value) else value
 
 
-def _at_edges(history: SeriesHistory, edges: np.ndarray, picks: np.ndarray) -> np.ndarray:
-    """The cumulative values at ``picks`` as of each edge, from the finest history tier that
-    reaches back to it (NaN before the history starts)."""
-    out = np.full((len(edges), len(picks)), np.nan)
-    todo = np.ones(len(edges), dtype=bool)
-    for tier in history._tiers:  # read-only; finest first
-        if not tier.times:
-            continue
-        want = todo & (edges >= tier.times[0])
-        if not want.any():
-            continue
-        idx = np.searchsorted(np.asarray(tier.times), edges[want], side="right") - 1
-        out[want] = np.asarray([tier.values[i] for i in idx.tolist()])[:, picks]
-        todo &= ~want
-    return out
+def _ratio(row: Sequence[float]) -> float | None:
+    return row[1] / row[0] if row[0] > 0 else None
 
 
-def bin_history(histories: Sequence[SeriesHistory], now: float,
-                span: float = SPAN_SECONDS) -> Binned:
-    """One model's engines on one target, binned over (now - span, now]."""
-    out = Binned(now - span, now)
-    edges = np.linspace(now - span, now, BINS + 1)
-    for history in histories:
+# -- the grid -----------------------------------------------------------------------------------
+
+
+def choose_width(plan: Sequence[tuple[float, float]], age: float) -> float:
+    """The bin width: the chart spans the shortest window the history tiers can draw at one
+    point per bin that covers ``age`` (a young exporter's whole history, not an hour of gaps),
+    at most an hour. Few distinct widths, so the grid (and the cache) rarely changes."""
+    spans = sorted({min(span - 2 * res, SPAN_SECONDS) for res, span in plan})
+    drawable = [s for s in spans if s > 0 and _chart_tier(plan, s / BINS, strict=True) >= 0]
+    if not drawable:  # no tier resolves a bin: the coarsest tier's span, with gaps
+        return min(plan[-1][1], SPAN_SECONDS) / BINS
+    return next((s for s in drawable if s >= age), drawable[-1]) / BINS
+
+
+def _chart_tier(plan: Sequence[tuple[float, float]], width: float, strict: bool = False) -> int:
+    """The finest tier that holds the whole chart (edges older than its span would be
+    trimmed away); -1 (strict) or the coarsest when none both holds it and resolves a bin."""
+    for i, (res, span) in enumerate(plan):
+        if span >= width * BINS and res <= width:
+            return i
+    return -1 if strict else len(plan) - 1
+
+
+def _final_edge(newest: float, width: float) -> int:
+    """The grid index of the last edge strictly before ``newest`` (no later poll changes it)."""
+    j = math.floor(newest / width)
+    while j * width >= newest:
+        j -= 1
+    while (j + 1) * width < newest:
+        j += 1
+    return j
+
+
+@dataclass(frozen=True)
+class _Series:
+    """How one history is read: which vector components, from which tier."""
+
+    history: SeriesHistory
+    picks: list[int]
+    tier: int
+    bounds: Bounds | None
+
+    @classmethod
+    def of(cls, history: SeriesHistory, width: float) -> _Series:
         layout = history.layout
         picks = [layout.offset_of("queries"), layout.offset_of("hits")]
         spot = layout.histogram_slice("ttft")
         if spot is not None:
             offset, bounds = spot
             picks += range(offset + 2, offset + 2 + len(bounds))
-        deltas = np.diff(_at_edges(history, edges, np.asarray(picks)), axis=0)
-        deltas = np.where(np.isfinite(deltas) & (deltas >= 0), deltas, 0.0)
-        part = Binned(out.start, out.end, deltas[:, 0], deltas[:, 1])
-        if spot is not None:
-            part.ttft_bounds, part.ttft = np.asarray(spot[1]), deltas[:, 2:]
-        out.add(part)
+        return cls(history, picks, _chart_tier(history.tier_plan(), width),
+                   tuple(spot[1]) if spot is not None else None)
+
+    def newest(self) -> float | None:
+        held = self.history.held(0)
+        return held[1] if held is not None else None
+
+    def end(self) -> list[float]:
+        """The newest point: where the partial bin ends."""
+        return self.history.values_at((math.inf,), self.picks, 0)[0]
+
+    def edges(self, first: int, last: int, width: float, newest: float,
+              end: list[float]) -> list[list[float]]:
+        """Values at grid edges first..last: an edge before the newest point from the chart's
+        tier (final), a later one the newest point."""
+        final = [t for t in (j * width for j in range(first, last + 1)) if t < newest]
+        return (self.history.values_at(final, self.picks, self.tier)
+                + [end] * (last + 1 - first - len(final)))
+
+
+def _deltas(values: list[list[float]]) -> np.ndarray:
+    """Bin deltas between consecutive edge values; 0 where unknown (before a series started)."""
+    d = np.diff(np.asarray(values, dtype=float), axis=0)
+    return np.where(np.isfinite(d) & (d >= 0), d, 0.0)
+
+
+def bin_history(histories: Sequence[SeriesHistory], now: float,
+                width: float = SPAN_SECONDS / BINS) -> Binned:
+    """One model's engines on one target, binned on the grid: the reference (uncached) way,
+    the cache must give the same."""
+    newest_bin = math.floor(now / width)
+    first = newest_bin - BINS + 1
+    out = Binned(first * width, now)
+    for history in histories:
+        series = _Series.of(history, width)
+        newest = series.newest()
+        if newest is None:
+            continue
+        end = series.end()
+        values = series.edges(first, newest_bin, width, newest, end) + [end]
+        out.rows, out.ttft_bounds = _combine(out.rows, out.ttft_bounds, _deltas(values),
+                                             series.bounds)
     return out
 
 
+# -- drawing ------------------------------------------------------------------------------------
+
 #: Polyline coordinates are integers in tenths of a pixel (cheap to format), scaled back.
 SCALE = 10
-_X = [str(round((PAD + i * (WIDTH - 2 * PAD) / (BINS - 1)) * SCALE)) for i in range(BINS)]
+_XS = [f"{round((PAD + i * (WIDTH - 2 * PAD) / (BINS - 1)) * SCALE)}," for i in range(BINS)]
 
 
-def _points(values: Sequence[float | None], top: float) -> list[str]:
-    """Polyline runs (a gap where a bin saw no traffic)."""
-    runs, current = [], []
+def _runs(values: Sequence[float | None], top: float, start: int = 0) -> tuple[list[str], bool]:
+    """Polyline runs (a gap where a bin saw no traffic), and whether the last run is open (its
+    last value was drawn), so a later point can extend it."""
+    runs: list[str] = []
+    current: list[str] = []
     base, height = (HEIGHT - PAD) * SCALE, (HEIGHT - 2 * PAD) * SCALE / top
-    for i, v in enumerate(values):
+    for i, v in enumerate(values, start):
         if v is None or v != v:
             if current:
                 runs.append(" ".join(current))
                 current = []
             continue
-        current.append(f"{_X[i]},{round(base - height * min(v, top))}")
+        current.append(_XS[i] + str(round(base - height * min(v, top))))
     if current:
         runs.append(" ".join(current))
-    return runs
+    return runs, bool(current)
 
 
-def svg_chart(binned: Binned, threshold: float, title: str) -> str:
-    """One chart: hit ratio (blue, 0-100%), threshold (red dashes), TTFT p50 (orange, own
-    scale, its peak written at the top right)."""
-    ratios = binned.ratios()
-    p50 = binned.ttft_p50()
-    y_thr = HEIGHT - PAD - (HEIGHT - 2 * PAD) * threshold
-    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-             f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
-             f"<title>{html.escape(title)}</title>"
-             f'<rect x="0.5" y="0.5" width="{WIDTH - 1}" height="{HEIGHT - 1}" fill="#fff" '
-             'stroke="#ddd"/>'
-             f'<line x1="{PAD}" x2="{WIDTH - PAD}" y1="{y_thr:.1f}" y2="{y_thr:.1f}" '
-             'stroke="#d62728" stroke-dasharray="5 3" stroke-width="1"/>']
-    if p50 is not None:
-        peak = max((v for v in p50 if v is not None), default=None)
-        if peak:
-            for run in _points(p50, peak * 1.1):
+def _extend(runs: list[str], is_open: bool, values: Sequence[float | None], top: float,
+            start: int) -> list[str]:
+    """``runs`` (of the bins before ``start``) followed by the points of ``values``."""
+    more, _ = _runs(values, top, start)
+    if not more:
+        return runs
+    if is_open and values[0] is not None:
+        return [*runs[:-1], runs[-1] + " " + more[0], *more[1:]]
+    return runs + more
+
+
+@dataclass
+class Chart:
+    """What a card draws: the bins, their ratios, and the formatted polylines."""
+
+    binned: Binned
+    ratios: list[float | None]
+    ratio_runs: list[str]
+    p50_runs: list[str]
+    peak: float | None
+
+    @classmethod
+    def of(cls, binned: Binned) -> Chart:
+        """From scratch (the fleet, and the uncached reference)."""
+        ratios = binned.ratios()
+        p50 = binned.ttft_p50()
+        peak = max((v for v in p50 if v is not None), default=None) if p50 else None
+        p50_runs = _runs(p50, peak * 1.1)[0] if p50 and peak else []
+        return cls(binned, ratios, _runs(ratios, 1.0)[0], p50_runs, peak)
+
+    def current(self) -> float | None:
+        """The newest bin with traffic."""
+        return next((r for r in reversed(self.ratios) if r is not None), None)
+
+    def svg(self, threshold: float, title: str) -> str:
+        """Hit ratio (blue, 0-100%), threshold (red dashes), TTFT p50 (orange, own scale, its
+        peak written at the top right)."""
+        y_thr = HEIGHT - PAD - (HEIGHT - 2 * PAD) * threshold
+        parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+                 f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
+                 f"<title>{html.escape(title)}</title>"
+                 f'<rect x="0.5" y="0.5" width="{WIDTH - 1}" height="{HEIGHT - 1}" fill="#fff" '
+                 'stroke="#ddd"/>'
+                 f'<line x1="{PAD}" x2="{WIDTH - PAD}" y1="{y_thr:.1f}" y2="{y_thr:.1f}" '
+                 'stroke="#d62728" stroke-dasharray="5 3" stroke-width="1"/>']
+        if self.peak:
+            for run in self.p50_runs:
                 parts.append(f'<polyline points="{run}" fill="none" stroke="#f16913" '
                              'stroke-width="12" transform="scale(0.1)"/>')
+            peak = self.peak
             label = f"{peak * 1000:.0f} ms" if peak < 1 else f"{peak:.1f} s"
             parts.append(f'<text x="{WIDTH - PAD - 2}" y="12" text-anchor="end" '
                          f'class="ttft">TTFT p50 peak {label}</text>')
-    for run in _points(ratios, 1.0):
-        parts.append(f'<polyline points="{run}" fill="none" stroke="#08519c" '
-                     'stroke-width="20" transform="scale(0.1)"/>')
-    parts.append("</svg>")
-    return "".join(parts)
+        for run in self.ratio_runs:
+            parts.append(f'<polyline points="{run}" fill="none" stroke="#08519c" '
+                         'stroke-width="20" transform="scale(0.1)"/>')
+        parts.append("</svg>")
+        return "".join(parts)
+
+
+def svg_chart(binned: Binned, threshold: float, title: str) -> str:
+    """One chart, drawn from scratch."""
+    return Chart.of(binned).svg(threshold, title)
 
 
 def current_ratio(binned: Binned) -> float | None:
     """The newest bin with traffic."""
-    for q, h in zip(reversed(binned.queries.tolist()), reversed(binned.hits.tolist()),
-                    strict=True):
-        if q > 0:
-            return h / q
-    return None
+    return Chart.of(binned).current()
+
+
+# -- the cache ----------------------------------------------------------------------------------
+
+
+class _Cached:
+    """One (target, model)'s completed bins on one grid: bins ``lo``..``hi - 1`` (grid
+    indices of their start edges), their ratios, TTFT p50 and formatted points, and each
+    series' value at edge ``hi`` (final), where the partial bin starts."""
+
+    def __init__(self, series: list[_Series], width: float, lo: int) -> None:
+        self.series = series
+        self.histories = tuple(s.history for s in series)
+        self.width = width
+        self.lo = self.hi = lo
+        # As _combine sums them: the first histogram's bounds.
+        self.bounds = next((s.bounds for s in series if s.bounds is not None), None)
+        bounds = self.bounds
+        self.cols = 2 + (len(bounds) if bounds is not None else 0)
+        self.rows = np.zeros((0, self.cols))
+        self.base: list[list[float]] = []
+        self.ratios: list[float | None] = []
+        self.p50: list[float | None] = []
+        self.ratio_runs: list[str] = []
+        self.ratio_open = False
+        self.p50_top: float | None = None
+        self.p50_runs: list[str] = []
+        self.p50_open = False
+
+    def _sum(self, parts: list[np.ndarray]) -> np.ndarray:
+        rows, bounds = np.zeros((len(parts[0]), 2)), None
+        for s, part in zip(self.series, parts, strict=True):
+            rows, bounds = _combine(rows, bounds, part, s.bounds)
+        return rows
+
+    def _append(self, rows: np.ndarray) -> None:
+        self.rows = np.concatenate((self.rows, rows))
+        listed = rows.tolist()
+        self.ratios += [_ratio(r) for r in listed]
+        if self.bounds is not None:
+            self.p50 += [_median(self.bounds, r[2:]) for r in listed]
+
+    def update(self, lo: int, newest: float) -> bool:
+        """Bring the completed bins to ``lo``..(the last final edge); False when the cache
+        cannot (it must be rebuilt)."""
+        if lo < self.lo or self.hi < lo:
+            return False
+        hi = min(lo + BINS - 1, _final_edge(newest, self.width))
+        if hi < self.hi:
+            return False
+        changed = False
+        if lo > self.lo:
+            drop = lo - self.lo
+            self.rows, self.ratios, self.p50 = self.rows[drop:], self.ratios[drop:], self.p50[drop:]
+            self.lo, changed = lo, True
+        if hi > self.hi:
+            w = self.width
+            if not self.base:  # the first edge
+                self.base = [s.history.values_at((self.hi * w,), s.picks, s.tier)[0]
+                             for s in self.series]
+            fresh = [s.history.values_at([j * w for j in range(self.hi + 1, hi + 1)], s.picks,
+                                         s.tier) for s in self.series]
+            self._append(self._sum([_deltas([b, *v]) for b, v in zip(self.base, fresh,
+                                                                        strict=True)]))
+            self.base = [v[-1] for v in fresh]
+            self.hi, changed = hi, True
+        elif not self.base:
+            self.base = [s.history.values_at((self.hi * self.width,), s.picks, s.tier)[0]
+                         for s in self.series]
+        if changed:
+            self.ratio_runs, self.ratio_open = _runs(self.ratios, 1.0)
+            self.p50_top = None
+        return True
+
+    def chart(self, now: float) -> Chart:
+        """The cached bins and the partial one (from edge ``hi`` to each series' newest point;
+        the bins after it, if this target lags the others, saw nothing yet)."""
+        tail = self._sum([_deltas([b, s.end()]) for s, b in zip(self.series, self.base,
+                                                                  strict=True)])
+        done = len(self.ratios)
+        rows = np.zeros((BINS, self.cols))
+        rows[:done] = self.rows
+        rows[done] = tail[0]
+        listed = tail[0].tolist()
+        gap = [None] * (BINS - done - 1)
+        tail_ratios = [_ratio(listed), *gap]
+        binned = Binned(self.lo * self.width, now, rows, self.bounds)
+        ratios = self.ratios + tail_ratios
+        ratio_runs = _extend(self.ratio_runs, self.ratio_open, tail_ratios, 1.0, done)
+        peak, p50_runs = None, []
+        if self.bounds is not None:
+            tail_p50 = [_median(self.bounds, listed[2:]), *gap]
+            peak = max((v for v in self.p50 + tail_p50[:1] if v is not None), default=None)
+            if peak:
+                top = peak * 1.1
+                if top != self.p50_top:
+                    self.p50_runs, self.p50_open = _runs(self.p50, top)
+                    self.p50_top = top
+                p50_runs = _extend(self.p50_runs, self.p50_open, tail_p50, top, done)
+        return Chart(binned, ratios, ratio_runs, p50_runs, peak)
+
+
+class ChartCache:
+    """Per exporter: each (target, model)'s completed bins, reused while the grid and the
+    model's histories (the same objects: a restarted history is a new one) stay the same."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.width: float | None = None
+        self.entries: dict[tuple[str, str], _Cached] = {}
+
+    def chart(self, key: tuple[str, str], histories: Sequence[SeriesHistory], now: float,
+              width: float) -> Chart:
+        """The model's chart, computing only what the cache lacks (call under the target's
+        lock: it reads the histories)."""
+        lo = math.floor(now / width) - BINS + 1
+        newests = [h.held(0) for h in histories]
+        newest = min((h[1] for h in newests if h is not None), default=None)
+        cached = self.entries.get(key)
+        if (newest is None or any(h is None or h[1] != newest for h in newests)
+                or _final_edge(newest, width) < lo):
+            # Engines polled at different times, or nothing final yet: nothing to cache.
+            self.entries.pop(key, None)
+            return Chart.of(bin_history(histories, now, width))
+        if cached is None or cached.histories != tuple(histories) or cached.width != width \
+                or not cached.update(lo, newest):
+            cached = _Cached([_Series.of(h, width) for h in histories], width, lo)
+            cached.update(lo, newest)
+            self.entries[key] = cached
+        return cached.chart(now)
+
+
+_CACHES: weakref.WeakKeyDictionary[Exporter, ChartCache] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
+
+
+def _cache_of(exporter: Exporter) -> ChartCache:
+    with _CACHES_LOCK:
+        cache = _CACHES.get(exporter)
+        if cache is None:
+            cache = _CACHES[exporter] = ChartCache()
+        return cache
+
+
+# -- the section --------------------------------------------------------------------------------
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.0f} s"
+    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
 
 
 def _pct(value: float | None) -> str:
     return "no traffic" if value is None else f"{value:.1%}"
 
 
-def charts_section(exporter: Exporter, now: float) -> str:
-    """The landing page's charts: each model's fleet, then each target's, with its diagnosis."""
+def charts_section(exporter: Exporter, now: float, cached: bool = True) -> str:
+    """The landing page's charts: each model's fleet, then each target's, with its diagnosis.
+    ``cached=False`` draws everything from scratch (the reference the cache must match)."""
     threshold = exporter.config.thresholds.hit_ratio
-    per_target: list[tuple[str, str, Binned]] = []
-    fleet: dict[str, Binned] = {}
+    cache = _cache_of(exporter)
+    with cache.lock:
+        return _section(exporter, now, threshold, cache if cached else None)
+
+
+def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache | None) -> str:
     latest = max((m.last_success for m in exporter.monitors if m.last_success == m.last_success),
                  default=now)
-    span = SPAN_SECONDS
     oldest = latest
+    plan: tuple[tuple[float, float], ...] = ()
     for mon in exporter.monitors:
         with mon.lock:
             for state in mon.series.values():
-                tiers = state.history._tiers if state.history is not None else []
-                if tiers and tiers[-1].times:
-                    oldest = min(oldest, tiers[-1].times[0])
-    # A young exporter: its whole history across the chart, not an hour of mostly gaps.
-    span = min(SPAN_SECONDS, max(MIN_SPAN_SECONDS, latest - oldest))
+                if state.history is not None:
+                    held = state.history.held(-1)
+                    plan = plan or state.history.tier_plan()
+                    if held is not None:
+                        oldest = min(oldest, held[0])
+    width = choose_width(plan, latest - oldest) if plan else SPAN_SECONDS / BINS
+    if cache is not None and cache.width != width:
+        cache.entries.clear()
+        cache.width = width
+    seen: set[tuple[str, str]] = set()
+    per_target: list[tuple[str, str, Chart]] = []
+    fleet: dict[str, Binned] = {}
     for mon in exporter.monitors:
         with mon.lock:
             if not mon.up:
@@ -206,37 +490,49 @@ def charts_section(exporter: Exporter, now: float) -> str:
             for (model, _engine), state in mon.series.items():
                 if state.history is not None:
                     by_model.setdefault(model, []).append(state.history)
-            binned = {m: bin_history(h, latest, span) for m, h in by_model.items()}
-        for model, b in sorted(binned.items()):
-            per_target.append((mon.name, model, b))
-            fleet.setdefault(model, Binned(b.start, b.end)).add(b)
+            if cache is None:
+                charts = {m: Chart.of(bin_history(h, latest, width)) for m, h in by_model.items()}
+            else:
+                charts = {m: cache.chart((mon.name, m), h, latest, width)
+                          for m, h in by_model.items()}
+                seen.update((mon.name, m) for m in by_model)
+        for model, chart in sorted(charts.items()):
+            per_target.append((mon.name, model, chart))
+            b = chart.binned
+            if model in fleet:
+                fleet[model].add(b)
+            else:
+                fleet[model] = Binned(b.start, b.end, b.rows.copy(), b.ttft_bounds)
+    if cache is not None:
+        for key in set(cache.entries) - seen:
+            del cache.entries[key]
     with exporter.state.lock:
         active = {key: exporter.state.diagnosis.active(*key)
                   for key in exporter.state.diagnosis.causes}
     out = [f'<h2>Hit ratio over time</h2><p class="legend"><span style="color:#08519c">&#9644; hit '
            f'ratio</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
            f'{threshold:.0%}</span> &middot; <span style="color:#f16913">&#9644; TTFT p50'
-           f"</span> (own scale) &middot; the last {_duration(span)}, one point per "
-           f"{_duration(span / BINS)}; the page refreshes itself every 15 s</p>"]
+           f"</span> (own scale) &middot; the last {_duration(width * BINS)}, one point per "
+           f"{_duration(width)}; the page refreshes itself every 15 s</p>"]
     for model, b in sorted(fleet.items()):
         causes = sorted({c for (t, m), cs in active.items() if m == model for c in cs})
-        out.append(_card("fleet", model, b, threshold, causes, fleet=True))
+        out.append(_card("fleet", model, Chart.of(b), threshold, causes, fleet=True))
     out.append('<div class="cards">')
-    for target, model, b in per_target:
-        out.append(_card(target, model, b, threshold, active.get((target, model), [])))
+    for target, model, chart in per_target:
+        out.append(_card(target, model, chart, threshold, active.get((target, model), [])))
     out.append("</div>")
     return "".join(out)
 
 
-def _card(target: str, model: str, binned: Binned, threshold: float, causes: list[str],
+def _card(target: str, model: str, chart: Chart, threshold: float, causes: list[str],
           fleet: bool = False) -> str:
     esc = html.escape
-    now = current_ratio(binned)
+    now = chart.current()
     low = now is not None and now < threshold
     title = f"{'fleet' if fleet else target}: {model}"
     diagnosis = ", ".join(causes) if causes else "no cause holds"
     return (f'<div class="card{" fleet" if fleet else ""}"><div class="head">'
             f"<b>{esc(target)}</b> &middot; {esc(model)} &middot; "
             f'<span class="{"low" if low else "ok"}">{_pct(now)}</span></div>'
-            f"{svg_chart(binned, threshold, title)}"
+            f"{chart.svg(threshold, title)}"
             f'<div class="diag">diagnosis: {esc(diagnosis)}</div></div>')
