@@ -124,12 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     from prefixwatch.audit.cli import add_audit_parser
     from prefixwatch.demo import add_demo_parser
     from prefixwatch.mixin.dashboards_cli import add_dashboards_parser
+    from prefixwatch.mixin.generate import add_generate_parser
     from prefixwatch.mixin.rules_cli import add_rules_parser
     from prefixwatch.simulator.cli import add_simulate_parser
 
     add_simulate_parser(sub)
     add_rules_parser(sub)
     add_dashboards_parser(sub)
+    add_generate_parser(sub)
     add_audit_parser(sub)
     add_demo_parser(sub)
     from prefixwatch.report.cli import add_report_parser
@@ -198,15 +200,12 @@ def run_exporter(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     """The report takes the threshold as a parameter: --threshold, else the mixin config's."""
-    from prefixwatch.mixin.rules import RulesConfigError, load_config
+    from prefixwatch.mixin.config import load_config
     from prefixwatch.report.cli import run_report as write
 
     threshold = args.threshold
     if threshold is None and args.config:
-        try:
-            threshold = load_config(args.config).threshold
-        except RulesConfigError as exc:
-            raise ConfigError(str(exc)) from exc
+        threshold = load_config(args.config).hit_ratio_threshold  # ConfigError: exit 2
     return write(args, names.DEFAULT_HIT_RATIO_THRESHOLD if threshold is None else threshold)
 
 
@@ -238,12 +237,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from prefixwatch.audit.cli import run_audit
     from prefixwatch.demo import run_demo
     from prefixwatch.mixin.dashboards_cli import run_dashboards
+    from prefixwatch.mixin.generate import run_generate
     from prefixwatch.mixin.rules_cli import run_rules
     from prefixwatch.simulator.cli import run_simulate
 
     commands["simulate"] = run_simulate
     commands["rules"] = run_rules
     commands["dashboards"] = run_dashboards
+    commands["generate"] = run_generate
     commands["audit"] = run_audit
     commands["demo"] = run_demo
     commands["report"] = run_report

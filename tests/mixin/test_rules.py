@@ -33,7 +33,7 @@ def test_committed_files_match_the_generator(tmp_path: Path) -> None:
     assert len(written) == 7
     for path in written:
         committed = ALERTS / path.relative_to(tmp_path)
-        hint = "run: python -m prefixwatch.mixin.artifacts"
+        hint = "run: prefixwatch generate"
         assert committed.exists(), f"{committed} is missing: {hint}"
         assert committed.read_text() == path.read_text(), (
             f"{committed} drifted from the generator: {hint}")

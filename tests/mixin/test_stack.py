@@ -30,7 +30,7 @@ def test_generated_stack_files_match(tmp_path: Path) -> None:
     for rel, text in stack.generated_files().items():
         committed = ROOT / rel
         assert committed.exists() and committed.read_text() == text, (
-            f"{rel} drifted: run python -m prefixwatch.mixin.artifacts")
+            f"{rel} drifted: run prefixwatch generate")
 
 
 def test_compose_validates_against_the_compose_spec() -> None:

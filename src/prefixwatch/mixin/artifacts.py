@@ -4,23 +4,19 @@
 promtool tests, alertmanager.yml, the dashboards of every source, the Kubernetes manifests and
 the compose Prometheus config. It reads no file of the source tree, so it works the same from an
 installed wheel; ``prefixwatch rules``, ``prefixwatch dashboards`` and the drift tests are views
-of it, and ``write_files``/``drifted`` are the writer and the check a ``generate`` command needs.
-
-    python -m prefixwatch.mixin.artifacts [--config mixin.yml] [--out DIR] [--check]
+of it, and ``write_files``/``drifted`` are the writer and the check behind
+``prefixwatch generate [--check]`` (mixin/generate.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from prefixwatch.core.errors import PrefixwatchError
 from prefixwatch.mixin import alertmanager, alerttests, dashboards, rules, stack
-from prefixwatch.mixin.config import MixinConfig, load_config
+from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.sources import SOURCES
 
 ALERTS_DIR = "alerts"
@@ -91,31 +87,3 @@ def drifted(files: Mapping[str, str], root: Path) -> list[str]:
         if not same:
             out.append(rel)
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m prefixwatch.mixin.artifacts",
-        description="Write (or check) every generated mixin file from one config.")
-    parser.add_argument("--config", metavar="FILE", help="mixin config (alerts/mixin.example.yml)")
-    parser.add_argument("--out", default=".", metavar="DIR", help="repository root (default .)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 naming each file that differs")
-    args = parser.parse_args(argv)
-    try:
-        files = render_all(load_config(args.config))
-    except PrefixwatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        stale = drifted(files, Path(args.out))
-        for rel in stale:
-            print(f"drifted: {rel}", file=sys.stderr)
-        return 1 if stale else 0
-    for path in write_files(files, Path(args.out)):
-        print(f"wrote {path}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
