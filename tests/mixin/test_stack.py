@@ -237,7 +237,7 @@ def test_native_stack_pages_on_a_simulated_regression(tmp_path: Path) -> None:
          "--listen-address", "127.0.0.1:0", "--prometheus-port", str(free_port()),
          "--alertmanager-port", str(free_port()), "--time-scale", "0.05", "--switch-at", "20s",
          "--rate", "20", "--data-dir", str(tmp_path / "data"), "--duration", "150s"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
         pages: list[dict] = []
