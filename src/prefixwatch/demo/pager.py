@@ -1,0 +1,143 @@
+"""The demo's own Alertmanager receiver: each page and resolution printed as it happens,
+with the alert's summary, the diagnosis and the runbook link."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prefixwatch.mixin import alertmanager, rules
+
+log = logging.getLogger("prefixwatch.demo")
+
+
+def _diagnosis(description: str) -> str:
+    """The ``Diagnosis: ...`` clause the alert rules append to each description."""
+    _, sep, diagnosis = description.partition(" Diagnosis: ")
+    return diagnosis.strip() if sep else "-"
+
+
+def format_notification(alert: dict[str, Any]) -> list[str]:
+    """A firing or resolved alert as the terminal shows it: what, the diagnosis, the runbook."""
+    labels, notes = alert.get("labels", {}), alert.get("annotations", {})
+    severity = labels.get("severity", "")
+    if alert.get("status") == "resolved":
+        head = "RESOLVED"
+    else:
+        head = {"critical": "PAGE", "warning": "TICKET"}.get(severity, "ALERT")
+    model = labels.get("model_name")
+    lines = [f"[{time.strftime('%H:%M:%S')}] {head}: {labels.get('alertname', '?')} "
+             f"({severity or 'no severity'}{', model ' + model if model else ''}) "
+             f"{notes.get('summary', '')}".rstrip()]
+    if alert.get("status") != "resolved":
+        lines.append(f"    diagnosis: {_diagnosis(notes.get('description', ''))}")
+    if notes.get("runbook_url"):
+        lines.append(f"    runbook:   {notes['runbook_url']}")
+    return lines
+
+
+class NotificationPrinter:
+    """Alertmanager's webhook receiver inside the demo: prints each page and resolution once
+    (Alertmanager repeats them) and lists the recent ones on GET /."""
+
+    MAX_BODY = 1 << 20
+    KEEP = 50
+
+    def __init__(self, out=None) -> None:
+        self.out = out or sys.stdout
+        self.recent: deque[str] = deque(maxlen=self.KEEP)
+        self.pages = 0
+        self._seen: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+        printer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, status: int, body: bytes = b"") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                text = "\n".join(printer.recent) or "no page or resolution yet"
+                self._answer(200, (text + "\n").encode())
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                if not 0 < length <= printer.MAX_BODY:
+                    self._answer(413 if length else 400)
+                    return
+                try:
+                    message = json.loads(self.rfile.read(length))
+                except ValueError:
+                    self._answer(400)
+                    return
+                printer.receive(message)
+                self._answer(200)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="notifications",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def receive(self, message: Any) -> None:
+        alerts = message.get("alerts") if isinstance(message, dict) else None
+        for alert in alerts if isinstance(alerts, list) else []:
+            if not isinstance(alert, dict):
+                continue
+            labels = alert.get("labels") or {}
+            if labels.get("alertname") == rules.ALERT_WATCHDOG:
+                continue
+            key = (str(alert.get("fingerprint")), str(alert.get("status")),
+                   str(alert.get("startsAt")))
+            with self._lock:
+                if key in self._seen:
+                    continue
+                if len(self._seen) > 10_000:
+                    self._seen.clear()
+                self._seen.add(key)
+                lines = format_notification(alert)
+                if alert.get("status") != "resolved" and labels.get("severity") == "critical":
+                    self.pages += 1
+                self.recent.extend(lines)
+                # A closed terminal (the demo is stopping) must not break the receiver.
+                with contextlib.suppress(BrokenPipeError, ValueError):
+                    print("\n".join(lines), file=self.out, flush=True)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def alertmanager_config(receiver_url: str, scale: float) -> dict[str, Any]:
+    """The stack's routing with the demo's receiver beside the user's webhooks (and instead
+    of the ``.invalid`` placeholders when none is set); the Watchdog is left alone."""
+    cfg = alertmanager.config(time_scale=scale)
+    placeholders = set(alertmanager.DEFAULT_URLS.values())
+    for receiver in cfg.get("receivers", []):
+        if receiver.get("name") == "watchdog":
+            continue
+        hooks = [h for h in receiver.get("webhook_configs", []) if h.get("url") not in
+                 placeholders]
+        receiver["webhook_configs"] = [*hooks, {"url": receiver_url, "send_resolved": True}]
+    return cfg
+
+
+# -- Prometheus and Alertmanager ----------------------------------------------------------------
+
