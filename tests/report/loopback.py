@@ -16,6 +16,8 @@ from pathlib import Path
 import requests
 import yaml
 
+from prefixwatch.core import causes
+from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import rules, stack
@@ -86,7 +88,12 @@ class LoopbackStack:
             targets=name_targets([TargetConfig(f"http://127.0.0.1:{s.port}/metrics")
                                   for s in self.servers]),
             interval=max(0.5, self.interval / 2), listen_address="127.0.0.1:0",
-            windows=("1m",)))
+            windows=("1m",),
+            # The diagnosis on the same compressed clock as the rules: a cold start that
+            # outlasts the run would name cold_start for the whole story.
+            cold_start=rules.prom_duration(parse_duration(causes.COLD_START) * self.time_scale),
+            diagnosis_window=rules.prom_duration(
+                parse_duration(causes.DIAGNOSIS_WINDOW) * self.time_scale)))
         self.exporter.start()
         rules_dir = self.workdir / "rules"
         rules_dir.mkdir(parents=True, exist_ok=True)
