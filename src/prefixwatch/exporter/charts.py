@@ -89,7 +89,7 @@ def _combine(rows: np.ndarray, bounds: Bounds | None, other: np.ndarray,
 
 def _median(bounds: Bounds, row: Sequence[float]) -> float | None:
     """Prometheus' histogram_quantile(0.5) on one row of cumulative bucket deltas (None when
-    empty): plain Python, as one row is far cheaper so than through numpy."""
+    empty): plain Python, far cheaper than numpy for one row."""
     total = row[-1]
     if not total > 0:
         return None
@@ -212,33 +212,47 @@ SCALE = 10
 _XS = [f"{round((PAD + i * (WIDTH - 2 * PAD) / (BINS - 1)) * SCALE)}," for i in range(BINS)]
 
 
-def _runs(values: Sequence[float | None], top: float, start: int = 0) -> tuple[list[str], bool]:
-    """Polyline runs (a gap where a bin saw no traffic), and whether the last run is open (its
-    last value was drawn), so a later point can extend it."""
+_BASE = (HEIGHT - PAD) * SCALE
+
+
+def _ys(values: Sequence[float | None], top: float) -> list[str | None]:
+    """Each bin's y coordinate, formatted (None: a gap, the bin saw no traffic). A bin's y
+    depends only on its value and the scale, not on its place: the cache keeps them while
+    bins scroll left."""
+    height = (HEIGHT - 2 * PAD) * SCALE / top
+    return [None if v is None or v != v else str(round(_BASE - height * min(v, top)))
+            for v in values]
+
+
+def _join(ys: Sequence[str | None]) -> tuple[list[str], bool]:
+    """Polyline runs of "x,y" points (broken at gaps), and whether the last run is open (its
+    last bin was drawn), so the next bin's point can extend it."""
     runs: list[str] = []
     current: list[str] = []
-    base, height = (HEIGHT - PAD) * SCALE, (HEIGHT - 2 * PAD) * SCALE / top
-    for i, v in enumerate(values, start):
-        if v is None or v != v:
+    for x, y in zip(_XS, ys, strict=False):  # ys may stop short of the last bin
+        if y is None:
             if current:
                 runs.append(" ".join(current))
                 current = []
-            continue
-        current.append(_XS[i] + str(round(base - height * min(v, top))))
+        else:
+            current.append(x + y)
     if current:
         runs.append(" ".join(current))
     return runs, bool(current)
 
 
-def _extend(runs: list[str], is_open: bool, values: Sequence[float | None], top: float,
-            start: int) -> list[str]:
-    """``runs`` (of the bins before ``start``) followed by the points of ``values``."""
-    more, _ = _runs(values, top, start)
-    if not more:
+def _runs(values: Sequence[float | None], top: float) -> list[str]:
+    return _join(_ys(values, top))[0]
+
+
+def _with_point(runs: list[str], is_open: bool, i: int, v: float | None, top: float
+                ) -> list[str]:
+    """``runs`` (of the bins before ``i``) followed by bin ``i``'s point, as _runs would."""
+    y = _ys((v,), top)[0]
+    if y is None:
         return runs
-    if is_open and values[0] is not None:
-        return [*runs[:-1], runs[-1] + " " + more[0], *more[1:]]
-    return runs + more
+    point = _XS[i] + y
+    return [*runs[:-1], runs[-1] + " " + point] if is_open else [*runs, point]
 
 
 @dataclass
@@ -257,8 +271,8 @@ class Chart:
         ratios = binned.ratios()
         p50 = binned.ttft_p50()
         peak = max((v for v in p50 if v is not None), default=None) if p50 else None
-        p50_runs = _runs(p50, peak * 1.1)[0] if p50 and peak else []
-        return cls(binned, ratios, _runs(ratios, 1.0)[0], p50_runs, peak)
+        p50_runs = _runs(p50, peak * 1.1) if p50 and peak else []
+        return cls(binned, ratios, _runs(ratios, 1.0), p50_runs, peak)
 
     def current(self) -> float | None:
         """The newest bin with traffic."""
@@ -295,18 +309,13 @@ def svg_chart(binned: Binned, threshold: float, title: str) -> str:
     return Chart.of(binned).svg(threshold, title)
 
 
-def current_ratio(binned: Binned) -> float | None:
-    """The newest bin with traffic."""
-    return Chart.of(binned).current()
-
-
 # -- the cache ----------------------------------------------------------------------------------
 
 
 class _Cached:
     """One (target, model)'s completed bins on one grid: bins ``lo``..``hi - 1`` (grid
-    indices of their start edges), their ratios, TTFT p50 and formatted points, and each
-    series' value at edge ``hi`` (final), where the partial bin starts."""
+    indices of their start edges) with their ratios, TTFT p50 and formatted y coordinates,
+    and each series' value at edge ``hi`` (final), where the partial bin starts."""
 
     def __init__(self, series: list[_Series], width: float, lo: int) -> None:
         self.series = series
@@ -315,30 +324,64 @@ class _Cached:
         self.lo = self.hi = lo
         # As _combine sums them: the first histogram's bounds.
         self.bounds = next((s.bounds for s in series if s.bounds is not None), None)
-        bounds = self.bounds
-        self.cols = 2 + (len(bounds) if bounds is not None else 0)
+        self.cols = 2 + (len(self.bounds) if self.bounds is not None else 0)
         self.rows = np.zeros((0, self.cols))
-        self.base: list[list[float]] = []
+        self.base = [s.history.values_at((lo * width,), s.picks, s.tier)[0] for s in series]
         self.ratios: list[float | None] = []
-        self.p50: list[float | None] = []
+        self.ratio_ys: list[str | None] = []
         self.ratio_runs: list[str] = []
         self.ratio_open = False
-        self.p50_top: float | None = None
+        self.p50: list[float | None] = []
+        self.p50_peak: float | None = None
+        self.p50_top: float | None = None  # the scale p50_ys are for
+        self.p50_ys: list[str | None] = []
         self.p50_runs: list[str] = []
         self.p50_open = False
 
-    def _sum(self, parts: list[np.ndarray]) -> np.ndarray:
-        rows, bounds = np.zeros((len(parts[0]), 2)), None
-        for s, part in zip(self.series, parts, strict=True):
-            rows, bounds = _combine(rows, bounds, part, s.bounds)
-        return rows
+    def _row(self, ends: list[list[float]]) -> list[float]:
+        """One bin's row from each series' value at its end edge less the base: as _deltas
+        and _combine compute it (the same floats), without numpy's per-call cost."""
+        out, bounds = [0.0, 0.0], None
+        for s, end, base in zip(self.series, ends, self.base, strict=True):
+            d = [e - b for e, b in zip(end, base, strict=True)]
+            d = [v if 0.0 <= v < math.inf else 0.0 for v in d]
+            if s.bounds is None or (bounds is not None and bounds != s.bounds):
+                out[0] += d[0]
+                out[1] += d[1]
+            elif bounds is None:
+                out, bounds = [out[0] + d[0], out[1] + d[1], *d[2:]], s.bounds
+            else:
+                out = [a + b for a, b in zip(out, d, strict=True)]
+        return out
 
-    def _append(self, rows: np.ndarray) -> None:
+    def _complete(self, hi: int) -> None:
+        """Cache bins ``self.hi``..``hi - 1``, whose edges are all final now."""
+        w = self.width
+        ends = [s.history.values_at([j * w for j in range(self.hi + 1, hi + 1)], s.picks,
+                                    s.tier) for s in self.series]
+        if hi - self.hi > 2:  # a cold start: numpy is cheaper over many bins
+            rows = np.zeros((hi - self.hi, 2))
+            bounds: Bounds | None = None
+            for s, base, values in zip(self.series, self.base, ends, strict=True):
+                rows, bounds = _combine(rows, bounds, _deltas([base, *values]), s.bounds)
+            listed = rows.tolist()
+        else:
+            listed = []
+            for i in range(hi - self.hi):
+                listed.append(self._row([values[i] for values in ends]))
+                self.base = [values[i] for values in ends]
+            rows = np.asarray(listed, dtype=float).reshape(-1, self.cols)
+        self.base = [values[-1] for values in ends]
         self.rows = np.concatenate((self.rows, rows))
-        listed = rows.tolist()
-        self.ratios += [_ratio(r) for r in listed]
+        ratios = [_ratio(r) for r in listed]
+        self.ratios += ratios
+        self.ratio_ys += _ys(ratios, 1.0)
         if self.bounds is not None:
-            self.p50 += [_median(self.bounds, r[2:]) for r in listed]
+            p50 = [_median(self.bounds, r[2:]) for r in listed]
+            self.p50 += p50
+            if self.p50_top is not None:
+                self.p50_ys += _ys(p50, self.p50_top)
+        self.hi = hi
 
     def update(self, lo: int, newest: float) -> bool:
         """Bring the completed bins to ``lo``..(the last final edge); False when the cache
@@ -348,56 +391,46 @@ class _Cached:
         hi = min(lo + BINS - 1, _final_edge(newest, self.width))
         if hi < self.hi:
             return False
-        changed = False
-        if lo > self.lo:
-            drop = lo - self.lo
-            self.rows, self.ratios, self.p50 = self.rows[drop:], self.ratios[drop:], self.p50[drop:]
-            self.lo, changed = lo, True
+        if lo == self.lo and hi == self.hi:
+            return True
+        drop = lo - self.lo
+        self.rows, self.ratios, self.ratio_ys = (self.rows[drop:], self.ratios[drop:],
+                                                 self.ratio_ys[drop:])
+        self.p50, self.p50_ys = self.p50[drop:], self.p50_ys[drop:]
+        self.lo = lo
         if hi > self.hi:
-            w = self.width
-            if not self.base:  # the first edge
-                self.base = [s.history.values_at((self.hi * w,), s.picks, s.tier)[0]
-                             for s in self.series]
-            fresh = [s.history.values_at([j * w for j in range(self.hi + 1, hi + 1)], s.picks,
-                                         s.tier) for s in self.series]
-            self._append(self._sum([_deltas([b, *v]) for b, v in zip(self.base, fresh,
-                                                                        strict=True)]))
-            self.base = [v[-1] for v in fresh]
-            self.hi, changed = hi, True
-        elif not self.base:
-            self.base = [s.history.values_at((self.hi * self.width,), s.picks, s.tier)[0]
-                         for s in self.series]
-        if changed:
-            self.ratio_runs, self.ratio_open = _runs(self.ratios, 1.0)
-            self.p50_top = None
+            self._complete(hi)
+        self.ratio_runs, self.ratio_open = _join(self.ratio_ys)
+        self.p50_peak = max((v for v in self.p50 if v is not None), default=None)
+        if self.p50_top is not None:
+            self.p50_runs, self.p50_open = _join(self.p50_ys)
         return True
 
     def chart(self, now: float) -> Chart:
         """The cached bins and the partial one (from edge ``hi`` to each series' newest point;
         the bins after it, if this target lags the others, saw nothing yet)."""
-        tail = self._sum([_deltas([b, s.end()]) for s, b in zip(self.series, self.base,
-                                                                  strict=True)])
+        tail = self._row([s.end() for s in self.series])
         done = len(self.ratios)
         rows = np.zeros((BINS, self.cols))
         rows[:done] = self.rows
-        rows[done] = tail[0]
-        listed = tail[0].tolist()
+        rows[done] = tail
         gap = [None] * (BINS - done - 1)
-        tail_ratios = [_ratio(listed), *gap]
-        binned = Binned(self.lo * self.width, now, rows, self.bounds)
-        ratios = self.ratios + tail_ratios
-        ratio_runs = _extend(self.ratio_runs, self.ratio_open, tail_ratios, 1.0, done)
+        ratio = _ratio(tail)
+        ratios = [*self.ratios, ratio, *gap]
+        ratio_runs = _with_point(self.ratio_runs, self.ratio_open, done, ratio, 1.0)
         peak, p50_runs = None, []
         if self.bounds is not None:
-            tail_p50 = [_median(self.bounds, listed[2:]), *gap]
-            peak = max((v for v in self.p50 + tail_p50[:1] if v is not None), default=None)
+            p50 = _median(self.bounds, tail[2:])
+            peak = self.p50_peak if p50 is None or (
+                self.p50_peak is not None and p50 <= self.p50_peak) else p50
             if peak:
                 top = peak * 1.1
                 if top != self.p50_top:
-                    self.p50_runs, self.p50_open = _runs(self.p50, top)
-                    self.p50_top = top
-                p50_runs = _extend(self.p50_runs, self.p50_open, tail_p50, top, done)
-        return Chart(binned, ratios, ratio_runs, p50_runs, peak)
+                    self.p50_top, self.p50_ys = top, _ys(self.p50, top)
+                    self.p50_runs, self.p50_open = _join(self.p50_ys)
+                p50_runs = _with_point(self.p50_runs, self.p50_open, done, p50, top)
+        return Chart(Binned(self.lo * self.width, now, rows, self.bounds), ratios, ratio_runs,
+                     p50_runs, peak)
 
 
 class ChartCache:
