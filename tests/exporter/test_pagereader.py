@@ -99,7 +99,9 @@ def test_legacy_vllm_names() -> None:
     snap = read_page(page)
     assert snap.schema is schemas.VLLM_GPU_PREFIX
     values = snap.series[("m", "0")]
-    assert values.counters == {"queries": 100.0, "hits": 40.0}
+    assert values.counters == {"queries": 100.0, "hits": 40.0, "cached_device": 40.0,
+                               "cached_host": 0.0, "cached_disk": 0.0, "cached_remote": 0.0,
+                               "cached_unknown": 0.0}  # no split: the device tier is the hits
     assert values.gauges["kv_usage"] == 0.5
 
 

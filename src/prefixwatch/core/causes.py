@@ -23,7 +23,9 @@ CAUSES: tuple[Cause, ...] = (
           "KV usage peaked at or above kv_usage_full in the window and requests were preempted, "
           "or requests kept waiting, or (--kv-cache-metrics) cached blocks were evicted after "
           "less than evict_idle_seconds idle; or, with a requests log and a single replica, the "
-          "achieved ratio is routing_gap or more below the achievable one."),
+          "achieved ratio is routing_gap or more below the achievable one. A lower tier's hits "
+          "count as saved: not when a second tier served tokens and the judged hit ratio "
+          "(hit_ratio: effective) is at or above the threshold."),
     Cause("short_prompts", "most prompts are shorter than one KV block",
           "At least short_prompt_share of the window's requests have a prompt of at most one "
           "block (from the prompt-length histogram)."),
@@ -42,6 +44,11 @@ CAUSES: tuple[Cause, ...] = (
     Cause("no_ttft_benefit", "the hit rate rose but TTFT did not fall",
           "The hit ratio of the window is ttft_rise or more above the window before it, and "
           "the TTFT p50 is not below ttft_fall times the previous one."),
+    Cause("tier_idle", "a second cache tier stores prefixes but serves almost none",
+          "A second tier is configured and busy (it received stores, holds data, or a KV "
+          "connector was asked for the device's misses), the device ratio is below the "
+          "threshold, and the lower tiers served less than tier_idle_hit_share of the device's "
+          "misses (min_requests or more requests)."),
 )
 CAUSE_NAMES: tuple[str, ...] = tuple(c.name for c in CAUSES)
 
@@ -62,5 +69,6 @@ class DiagnosisThresholds:
     routing_gap: float = 0.20
     ttft_rise: float = 0.20
     ttft_fall: float = 0.95
+    tier_idle_hit_share: float = 0.05
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
+from prefixwatch.core.settings import DEFAULT_HIT_RATIO_MODE, HIT_RATIO_DEVICE
 from prefixwatch.core.windows import histogram_quantile, ratio
 
 
@@ -39,10 +40,36 @@ class TargetEvidence:
     ttft_requests: float = 0.0
     prev_ttft_requests: float = 0.0
     seconds_since_start: float | None = None
+    #: Cached prompt tokens of the window by tier (core.tiers.TIERS); empty: not shown.
+    tiers: dict[str, float] = field(default_factory=dict)
+    #: A second tier exists (its families are on the page, or a KV connector was asked).
+    tier_configured: bool = False
+    tier_stores: float | None = None  # stored into the second tier in the window
+    tier_used: float | None = None  # what the second tier holds now
+    tier_asked: float | None = None  # vLLM: device misses a KV connector was asked for
 
     @property
     def hit_ratio(self) -> float | None:
+        """The device pool's ratio, as the engine counts its hits."""
         return ratio(self.hits, self.queries)
+
+    @property
+    def cached(self) -> float:
+        """Prompt tokens served from any tier (the device hits when no tier is shown)."""
+        return sum(self.tiers.values()) if self.tiers else self.hits
+
+    @property
+    def lower_hits(self) -> float:
+        """Prompt tokens a tier below the device pool served: misses it saved."""
+        return max(self.cached - self.hits, 0.0)
+
+    @property
+    def effective_ratio(self) -> float | None:
+        return ratio(self.cached, self.queries)
+
+    def judged_ratio(self, mode: str) -> float | None:
+        """The ratio the threshold judges: ``effective`` (any tier) or ``device``."""
+        return self.hit_ratio if mode == HIT_RATIO_DEVICE else self.effective_ratio
 
     @property
     def prev_hit_ratio(self) -> float | None:
@@ -133,13 +160,34 @@ def metric_pressure(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
                 and ev.evict_idle_median < th.evict_idle_seconds)
 
 
+def rescued(ev: TargetEvidence, th: DiagnosisThresholds, mode: str) -> bool:
+    """A lower tier caught what the device pool lost, and the judged ratio is healthy: a
+    full device pool is then not a low hit rate (its evictions were saved, not lost)."""
+    judged = ev.judged_ratio(mode)
+    return ev.lower_hits > 0 and judged is not None and judged >= th.hit_ratio
+
+
+def tier_idle(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
+    """A second tier that is fed (stores, data held, or asked for the device's misses) but
+    serves under tier_idle_hit_share of those misses while the device ratio is low."""
+    busy = any(x is not None and x > 0 for x in (ev.tier_stores, ev.tier_used, ev.tier_asked))
+    device = ev.hit_ratio
+    if not (ev.tier_configured and busy and ev.tiers) or device is None:
+        return False
+    if device >= th.hit_ratio or (ev.prompt_len is not None and ev.requests < th.min_requests):
+        return False
+    misses = ev.queries - ev.hits
+    return misses > 0 and ev.lower_hits < th.tier_idle_hit_share * misses
+
+
 def short_prompts(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
     share = ev.short_share()
     return share is not None and ev.requests >= th.min_requests and share >= th.short_prompt_share
 
 
-def prompt_variance(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
-    hit = ev.hit_ratio
+def prompt_variance(ev: TargetEvidence, th: DiagnosisThresholds,
+                    mode: str = DEFAULT_HIT_RATIO_MODE) -> bool:
+    hit = ev.judged_ratio(mode)
     if hit is None or hit >= th.hit_ratio or ev.requests < th.min_requests:
         return False
     p50, p99 = ev.prompt_quantile(0.5), ev.prompt_quantile(0.99)
@@ -173,8 +221,10 @@ def diagnose(
     requests: Mapping[str, RequestEvidence | None],
     th: DiagnosisThresholds,
     cold_seconds: float,
+    hit_ratio_mode: str = DEFAULT_HIT_RATIO_MODE,
 ) -> Diagnosis:
-    """``evidence``: target -> model -> figures; ``requests``: model -> requests-log figures."""
+    """``evidence``: target -> model -> figures; ``requests``: model -> requests-log figures;
+    ``hit_ratio_mode``: which ratio the threshold judges (``effective`` or ``device``)."""
     out = Diagnosis()
     by_model: dict[str, dict[str, TargetEvidence]] = {}
     for target, models in evidence.items():
@@ -186,23 +236,26 @@ def diagnose(
         for target, ev in targets.items():
             causes = dict.fromkeys(CAUSE_NAMES, False)
             causes["caching_disabled"] = caching_disabled(ev)
-            causes["eviction_pressure"] = metric_pressure(ev, th)
+            causes["eviction_pressure"] = (metric_pressure(ev, th)
+                                           and not rescued(ev, th, hit_ratio_mode))
             causes["short_prompts"] = short_prompts(ev, th)
-            causes["prompt_variance"] = prompt_variance(ev, th)
+            causes["prompt_variance"] = prompt_variance(ev, th, hit_ratio_mode)
+            causes["tier_idle"] = tier_idle(ev, th)
             causes["cold_start"] = cold_start(ev, cold_seconds)
             causes["no_ttft_benefit"] = no_ttft_benefit(ev, th)
             causes["prefix_divergence"] = prefix_divergence(req, th)
             per_target[target] = causes
-        _gap_causes(targets, per_target, req, th)
+        _gap_causes(targets, per_target, req, th, hit_ratio_mode)
         for target, causes in per_target.items():
             out.causes[(target, model)] = causes
     return out
 
 
 def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dict[str, bool]],
-                req: RequestEvidence | None, th: DiagnosisThresholds) -> None:
+                req: RequestEvidence | None, th: DiagnosisThresholds,
+                mode: str = DEFAULT_HIT_RATIO_MODE) -> None:
     """Achievable high, achieved low: the cache forgot (one replica) or the traffic is spread
-    (several replicas, no pool under pressure)."""
+    (several replicas, no pool under pressure). Achieved counts every tier in effective mode."""
     if req is None or req.long_requests < th.min_requests:
         return
     achievable = req.achievable
@@ -211,8 +264,9 @@ def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dic
         return
     if any(per_target[t]["caching_disabled"] or per_target[t]["cold_start"] for t in serving):
         return  # those explain the gap already
-    achieved = ratio(sum(targets[t].hits for t in serving),
-                     sum(targets[t].queries for t in serving))
+    served = [targets[t].hits if mode == HIT_RATIO_DEVICE else targets[t].cached
+              for t in serving]
+    achieved = ratio(sum(served), sum(targets[t].queries for t in serving))
     if achieved is None or achievable - achieved < th.routing_gap:
         return
     if len(serving) == 1:

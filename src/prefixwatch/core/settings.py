@@ -33,7 +33,7 @@ THRESHOLD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DiagnosisThresh
 DIAGNOSIS_KEYS = frozenset({"window", "cold_start", *THRESHOLD_FIELDS})
 #: Thresholds that are shares: in (0, 1].
 _SHARES = ("hit_ratio", "kv_usage_full", "short_prompt_share", "routing_gap", "ttft_rise",
-           "ttft_fall")
+           "ttft_fall", "tier_idle_hit_share")
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from prefixwatch.core import causes, names
+from prefixwatch.core import causes, names, tiers
 from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
 from prefixwatch.core.ledger import ratios as ledger_ratios
 from prefixwatch.core.names import OutMetric
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
 from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.pagereader import TIER_ROLES
 from prefixwatch.exporter.requestlog.view import RequestView
 
 
@@ -65,7 +66,6 @@ _COUNTERS = (
     ("queries", names.OUT_QUERIES), ("hits", names.OUT_HITS),
     ("ext_queries", names.OUT_EXT_QUERIES), ("ext_hits", names.OUT_EXT_HITS),
     ("prompt_tokens", names.OUT_PROMPT_TOKENS),
-    ("prompt_tokens_cached", names.OUT_PROMPT_TOKENS_CACHED),
     ("preemptions", names.OUT_PREEMPTIONS),
 )
 _GAUGES = (
@@ -105,7 +105,8 @@ class PrefixwatchCollector(Collector):
         for metric in (names.OUT_TARGET_UP, names.OUT_SCRAPE_DURATION,
                        names.OUT_SCRAPE_ERRORS, names.OUT_LAST_SUCCESS,
                        names.OUT_TARGET_INFO, names.OUT_HIT_RATIO,
-                       names.OUT_FLEET_HIT_RATIO):
+                       names.OUT_FLEET_HIT_RATIO, names.OUT_EFFECTIVE_HIT_RATIO,
+                       names.OUT_FLEET_EFFECTIVE_HIT_RATIO):
             family(metric)  # always present, even with no data, so dashboards see the names
 
         fleet: dict[tuple[str, str], list[float]] = {}
@@ -113,10 +114,14 @@ class PrefixwatchCollector(Collector):
             with mon.lock:
                 self._collect_target(mon, family, fleet)
         fleet_family = family(names.OUT_FLEET_HIT_RATIO)
-        for (model, window), (queries, hits) in sorted(fleet.items()):
+        effective_family = family(names.OUT_FLEET_EFFECTIVE_HIT_RATIO)
+        for (model, window), (queries, hits, *cached) in sorted(fleet.items()):
             value = ratio(hits, queries)
             if value is not None:
                 fleet_family.add_metric([model, window], value)
+            value = ratio(cached[0], cached[1]) if cached else None
+            if value is not None:
+                effective_family.add_metric([model, window], value)
         if self.state is not None:
             self._collect_diagnosis(family)
         if self.view is not None:
@@ -214,6 +219,11 @@ class PrefixwatchCollector(Collector):
                 if role in values.counters:
                     family(metric).add_metric(labels, values.counters[role],
                                               created=values.created.get(role))
+            if all(role in values.counters for role in TIER_ROLES.values()):
+                cached = family(names.OUT_PROMPT_TOKENS_CACHED_BY_TIER)
+                for tier in tiers.TIERS:
+                    cached.add_metric(labels + [tier], values.counters[TIER_ROLES[tier]],
+                                      created=values.created.get("hits"))
             for role, metric in _GAUGES:
                 if role in values.gauges:
                     family(metric).add_metric(labels, values.gauges[role])
@@ -239,6 +249,9 @@ class PrefixwatchCollector(Collector):
             if lifetime is not None:
                 family(names.OUT_HIT_RATIO).add_metric(
                     base + [names.LIFETIME_WINDOW], lifetime)
+            if figures.lifetime_effective is not None:
+                family(names.OUT_EFFECTIVE_HIT_RATIO).add_metric(
+                    base + [names.LIFETIME_WINDOW], figures.lifetime_effective)
             for window, wf in figures.windows.items():
                 value = wf.hit_ratio
                 if value is not None:
@@ -248,6 +261,10 @@ class PrefixwatchCollector(Collector):
                     slot[1] += wf.hits
                 elif wf.queries == 0:
                     fleet.setdefault((model, window), [0.0, 0.0])
+                effective = wf.effective_ratio
+                if effective is not None:
+                    family(names.OUT_EFFECTIVE_HIT_RATIO).add_metric(base + [window], effective)
+                _add_effective(fleet, (model, window), wf.cached, wf.queries)
                 if wf.seconds > 0 and not math.isnan(wf.hits):
                     family(names.OUT_CACHED_TOKENS_RATE).add_metric(
                         base + [window], wf.hits / wf.seconds)
@@ -258,3 +275,19 @@ class PrefixwatchCollector(Collector):
                     if value is not None:
                         family(names.OUT_TTFT_QUANTILE).add_metric(
                             base + [window, floatToGoString(q)], value)
+
+
+def _add_effective(fleet: dict[tuple[str, str], list[float]], key: tuple[str, str],
+                   cached: float, queries: float) -> None:
+    """Sum one target's cached tokens (every tier) and queries into the fleet's slot, before
+    any division; a target without tiers leaves the fleet's effective ratio undefined."""
+    slot = fleet.get(key)
+    if slot is None:
+        return
+    if math.isnan(cached) or math.isnan(queries):
+        slot[2:] = [math.nan, math.nan]
+        return
+    if len(slot) == 2:
+        slot.extend([0.0, 0.0])
+    slot[2] += cached
+    slot[3] += queries

@@ -50,6 +50,8 @@ class ExporterConfig:
     diagnosis_window: str = causes.DIAGNOSIS_WINDOW
     cold_start: str = causes.COLD_START
     thresholds: DiagnosisThresholds = DiagnosisThresholds()
+    #: Which ratio the diagnosis' hit-ratio threshold judges (core.settings.HIT_RATIO_KEY).
+    hit_ratio_mode: str = settings.DEFAULT_HIT_RATIO_MODE
     requests_log: RequestsLogConfig | None = None
     web_config_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -125,7 +127,8 @@ _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca
                 *_LIMIT_KEYS}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
              "target_defaults", "requests_log", "web_config_file",
-             settings.DIAGNOSIS_KEY, settings.THRESHOLD_KEY, settings.COLD_START_KEY}
+             settings.DIAGNOSIS_KEY, settings.THRESHOLD_KEY, settings.COLD_START_KEY,
+             settings.HIT_RATIO_KEY}
 _REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
 
 
@@ -265,6 +268,8 @@ def build_config(
             diagnosis_window=diagnosis_window or file_window or causes.DIAGNOSIS_WINDOW,
             cold_start=cold_start or file_cold or causes.COLD_START,
             thresholds=thresholds,
+            hit_ratio_mode=settings.check_hit_ratio_mode(
+                data.get(settings.HIT_RATIO_KEY), f"config file {config_file!r}"),
             requests_log=log_cfg,
             web_config_file=web_config_file or data.get("web_config_file") or None,
         )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
 from prefixwatch.exporter.charts import charts_section
-from prefixwatch.exporter.status import LEDGER_NEEDS_LOG
+from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, tier_shares
 
 if TYPE_CHECKING:
     from prefixwatch.exporter.service import Exporter
@@ -33,6 +33,7 @@ def render_landing(exporter: Exporter) -> str:
                 if mon.limit_note else "")
             ratios = ", ".join(
                 f"{m}: {f.windows[window].hit_ratio:.1%} ({window})"
+                + _effective_note(f.windows[window].effective_ratio)
                 for m, f in sorted(mon.models.items())
                 if window in f.windows and f.windows[window].hit_ratio is not None)
         with exporter.state.lock:
@@ -50,10 +51,43 @@ def render_landing(exporter: Exporter) -> str:
         f"</head><body><h1>prefixwatch {__version__}</h1>"
         "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
         "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
-        "<th>hit ratio</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
+        "<th>hit ratio (device, effective)</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
-        + ledger_section(exporter, window) + charts_section(exporter, time.time())
+        + tier_section(exporter, window) + ledger_section(exporter, window)
+        + charts_section(exporter, time.time())
         + "</body></html>")
+
+
+def _effective_note(value: float | None) -> str:
+    """The effective ratio next to the device one (every tier, not the device pool alone)."""
+    return "" if value is None else f", effective {value:.1%}"
+
+
+def tier_section(exporter: Exporter, window: str | None) -> str:
+    """A table of each target's prompt tokens by the cache tier that served them over the
+    first window (docs/tiers.md): the device ratio alone misses what a host tier saves."""
+    tier_names = ("device", "host", "disk", "remote", "unknown", "recomputed")
+    rows = []
+    for mon in exporter.monitors:
+        with mon.lock:
+            if not mon.up:
+                continue
+            for model, figures in sorted(mon.models.items()):
+                wf = figures.windows.get(window or "")
+                shares = tier_shares(wf.tiers, wf.queries) if wf is not None else None
+                if shares is None:
+                    continue
+                effective = wf.effective_ratio if wf is not None else None
+                cells = [mon.name, model, *(f"{shares[t]:.1%}" for t in tier_names),
+                         "-" if effective is None else f"{effective:.1%}"]
+                rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+                            + "</tr>")
+    if not rows:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in ("target", "model", *tier_names, "effective"))
+    return (f"<h2>Prompt tokens by cache tier ({html.escape(str(window))}, "
+            "docs/tiers.md)</h2><table class='tiers'><tr>" + head + "</tr>"
+            + "".join(rows) + "</table>")
 
 
 def ledger_section(exporter: Exporter, window: str | None) -> str:

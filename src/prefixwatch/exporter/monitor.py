@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names
+from prefixwatch.core import names, tiers
 from prefixwatch.core.diagnosis import TargetEvidence
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import (
@@ -28,6 +28,10 @@ from prefixwatch.core.windows import (
 )
 from prefixwatch.exporter.config import TargetConfig
 from prefixwatch.exporter.pagereader import (
+    TIER_CONFIGURED,
+    TIER_ROLES,
+    TIER_STORES,
+    TIER_USED,
     LabelCache,
     PageError,
     PageLimits,
@@ -41,7 +45,8 @@ from prefixwatch.exporter.scrape import Fetcher
 log = logging.getLogger("prefixwatch.exporter")
 
 COUNTER_ROLES: tuple[str, ...] = ("queries", "hits", "ext_queries", "ext_hits",
-                                  "prompt_tokens", "prompt_tokens_cached", "preemptions")
+                                  "prompt_tokens", "prompt_tokens_cached", "preemptions",
+                                  *TIER_ROLES.values(), TIER_STORES)
 HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len", "kv_idle_evict")
 
 
@@ -53,10 +58,23 @@ class WindowFigures:
     queries: float
     hits: float
     ttft_buckets: tuple[tuple[float, ...], list[float]] | None = None
+    #: Cached prompt tokens by tier (core.tiers.TIERS); empty when the engine shows none.
+    tiers: dict[str, float] = field(default_factory=dict)
 
     @property
     def hit_ratio(self) -> float | None:
+        """The device pool's ratio, as the engine counts its hits."""
         return ratio(self.hits, self.queries)
+
+    @property
+    def cached(self) -> float:
+        """Prompt tokens served from any tier (NaN when the engine shows no tiers)."""
+        return sum(self.tiers.values()) if self.tiers else math.nan
+
+    @property
+    def effective_ratio(self) -> float | None:
+        """Share of the prompt tokens that looked up the cache served from any tier."""
+        return ratio(self.cached, self.queries)
 
     def ttft_quantile(self, q: float) -> float | None:
         if self.ttft_buckets is None:
@@ -73,6 +91,14 @@ class ModelFigures:
     windows: dict[str, WindowFigures] = field(default_factory=dict)
     lifetime_queries: float = math.nan
     lifetime_hits: float = math.nan
+    lifetime_tiers: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def lifetime_effective(self) -> float | None:
+        """The effective ratio since the engines started (None without tiers or queries)."""
+        if not self.lifetime_tiers:
+            return None
+        return ratio(sum(self.lifetime_tiers.values()), self.lifetime_queries)
 
 
 @dataclass
@@ -288,6 +314,7 @@ class TargetMonitor:
             if all(q is not None for q in queries) and all(h is not None for h in hits):
                 figures.lifetime_queries = sum(q for q in queries if q is not None)
                 figures.lifetime_hits = sum(h for h in hits if h is not None)
+                figures.lifetime_tiers = tier_sum([s.values.counters for s in states])
             for window, seconds in self.windows.items():
                 wf = window_figures(states, now, seconds)
                 if wf is not None:
@@ -304,7 +331,21 @@ def window_figures(states: list[SeriesState], now: float, seconds: float) -> Win
     layout, covered, total = summed
     ttft = _hist_delta(layout, total, "ttft")
     return WindowFigures(covered, total[layout.offset_of("queries")],
-                         total[layout.offset_of("hits")], ttft[:2] if ttft else None)
+                         total[layout.offset_of("hits")], ttft[:2] if ttft else None,
+                         tier_sum([{r: total[layout.offset_of(r)] for r in TIER_ROLES.values()}]))
+
+
+def tier_sum(counters: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Cached tokens by tier summed over engines; empty when any engine lacks a tier (a sum
+    with a hole would understate the effective ratio)."""
+    out = tiers.empty_tiers()
+    for values in counters:
+        for tier, role in TIER_ROLES.items():
+            value = values.get(role, math.nan)
+            if math.isnan(value):
+                return {}
+            out[tier] += value
+    return out if counters else {}
 
 
 def _hist_delta(layout: Layout, delta: Sequence[float], role: str
@@ -382,6 +423,7 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
             layout, _, vec = current
             ev.queries = vec[layout.offset_of("queries")]
             ev.hits = vec[layout.offset_of("hits")]
+            _tier_evidence(ev, layout, vec)
             pre = vec[layout.offset_of("preemptions")]
             ev.preemptions = None if math.isnan(pre) else pre
             prompt = _hist_delta(layout, vec, "prompt_len")
@@ -404,6 +446,11 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
             if ttft is not None:
                 ev.prev_ttft_requests = ttft[1][-1]
                 ev.prev_ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+        if any(TIER_CONFIGURED in s.values.gauges for s in states):
+            ev.tier_configured = True
+        used = [s.values.gauges[TIER_USED] for s in states if TIER_USED in s.values.gauges]
+        if used:
+            ev.tier_used = sum(used)
         ring = [g for g in mon._gauges.get(model, ()) if g[0] >= now - window - 1e-9]
         usage = [u for _, u, _ in ring if not math.isnan(u)]
         waiting = [w for _, _, w in ring if not math.isnan(w)]
@@ -417,3 +464,19 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
                 setattr(ev, attr, 0.0)
         out[model] = ev
     return out
+
+
+def _tier_evidence(ev: TargetEvidence, layout: Layout, vec: Sequence[float]) -> None:
+    """The window's cached tokens of every tier, the second tier's stores, and whether a KV
+    connector was asked for the device's misses (vLLM counts external queries only then)."""
+    by_tier = tier_sum([{r: vec[layout.offset_of(r)] for r in TIER_ROLES.values()}])
+    if by_tier:
+        ev.tiers = by_tier
+    stores = vec[layout.offset_of(TIER_STORES)]
+    if not math.isnan(stores):
+        ev.tier_stores = stores
+    ext = vec[layout.offset_of("ext_queries")]
+    if not math.isnan(ext):
+        ev.tier_asked = ext
+        if ext > 0:
+            ev.tier_configured = True

@@ -21,11 +21,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from prefixwatch.core import causes, names
+from prefixwatch.core import causes, names, tiers
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
 from prefixwatch.exporter.collector import DiagnosisState
 from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.pagereader import TIER_ROLES
 
 log = logging.getLogger("prefixwatch.otlp")
 
@@ -33,7 +34,6 @@ _COUNTER_ROLES = (
     ("queries", names.OUT_QUERIES), ("hits", names.OUT_HITS),
     ("ext_queries", names.OUT_EXT_QUERIES), ("ext_hits", names.OUT_EXT_HITS),
     ("prompt_tokens", names.OUT_PROMPT_TOKENS),
-    ("prompt_tokens_cached", names.OUT_PROMPT_TOKENS_CACHED),
     ("preemptions", names.OUT_PREEMPTIONS),
 )
 
@@ -72,9 +72,16 @@ class OtlpBridge:
             meter.create_observable_counter(
                 metric.name, callbacks=[_counter_callback(mon, role)], unit="{token}"
                 if "preempt" not in role else "{preemption}", description=metric.help)
+        meter.create_observable_counter(
+            names.OUT_PROMPT_TOKENS_CACHED_BY_TIER.name, callbacks=[_tier_callback(mon)],
+            unit="{token}", description=names.OUT_PROMPT_TOKENS_CACHED_BY_TIER.help)
         meter.create_observable_gauge(
             names.OUT_HIT_RATIO.name, callbacks=[_ratio_callback(mon)], unit="1",
             description=names.OUT_HIT_RATIO.help)
+        meter.create_observable_gauge(
+            names.OUT_EFFECTIVE_HIT_RATIO.name, unit="1",
+            callbacks=[_ratio_callback(mon, effective=True)],
+            description=names.OUT_EFFECTIVE_HIT_RATIO.help)
         meter.create_observable_gauge(
             names.OUT_TTFT_QUANTILE.name, callbacks=[_ttft_callback(mon)], unit="s",
             description=names.OUT_TTFT_QUANTILE.help)
@@ -130,19 +137,37 @@ def _counter_callback(mon: TargetMonitor, role: str) -> Callback:
     return observe
 
 
-def _ratio_callback(mon: TargetMonitor) -> Callback:
+def _tier_callback(mon: TargetMonitor) -> Callback:
+    """Cached prompt tokens of every series by tier (all five, as on /metrics)."""
+    def observe(_options: CallbackOptions) -> list[Observation]:
+        with mon.lock:
+            if not mon.up or mon.snapshot is None:
+                return []
+            server = mon.snapshot.schema.server
+            return [Observation(s.values.counters[TIER_ROLES[tier]], {
+                names.L_MODEL: model, names.L_ENGINE: engine, names.L_SERVER: server,
+                names.L_TIER: tier})
+                for (model, engine), s in mon.series.items()
+                if all(r in s.values.counters for r in TIER_ROLES.values())
+                for tier in tiers.TIERS]
+    return observe
+
+
+def _ratio_callback(mon: TargetMonitor, effective: bool = False) -> Callback:
+    """The device ratio per window (or, ``effective``, the share served from any tier)."""
     def observe(_options: CallbackOptions) -> list[Observation]:
         out: list[Observation] = []
         with mon.lock:
             if not mon.up:
                 return out
             for model, figures in mon.models.items():
-                lifetime = ratio(figures.lifetime_hits, figures.lifetime_queries)
+                lifetime = (figures.lifetime_effective if effective else
+                            ratio(figures.lifetime_hits, figures.lifetime_queries))
                 if lifetime is not None:
                     out.append(Observation(lifetime, {names.L_MODEL: model,
                                                       names.L_WINDOW: names.LIFETIME_WINDOW}))
                 for window, wf in figures.windows.items():
-                    value = wf.hit_ratio
+                    value = wf.effective_ratio if effective else wf.hit_ratio
                     if value is not None:
                         out.append(Observation(value, {names.L_MODEL: model,
                                                        names.L_WINDOW: window}))

@@ -13,10 +13,19 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import names, schemas
-from prefixwatch.core.schemas import SourceSchema
+from prefixwatch.core import names, schemas, tiers
+from prefixwatch.core.schemas import SourceSchema, TierSchema
 
 SeriesKey = tuple[str, str]  # (model_name, engine)
+
+#: Counter role of the cached prompt tokens one tier served ("cached_device", ...).
+TIER_ROLES: dict[str, str] = {tier: f"cached_{tier}" for tier in tiers.TIERS}
+#: Counter role of the blocks/tokens stored into the second tier (vLLM stored saves, SGLang
+#: host backups); gauge role of what the second tier holds; cached-token role of SGLang's
+#: sources that the engine counts as its own (device) hits.
+TIER_STORES = "tier_stores"
+TIER_USED = "tier_used"
+TIER_CONFIGURED = "tier_configured"
 
 
 class PageError(Exception):
@@ -198,8 +207,17 @@ def _family_names(sample_names: frozenset[str]) -> frozenset[str]:
     return frozenset(names)
 
 
+def _tier_schema(schema: SourceSchema) -> TierSchema | None:
+    """The tier families of a schema that can have them (windows need counters)."""
+    if not schema.windows_supported or schema.queries is None:
+        return None
+    return schemas.TIER_SCHEMAS.get(schema.server)
+
+
 _WANTED: dict[str, frozenset[str]] = {
-    s.schema: _family_names(s.sample_names()) for s in schemas.SCHEMAS
+    s.schema: _family_names(s.sample_names() | (
+        t.sample_names() if (t := _tier_schema(s)) is not None else frozenset()))
+    for s in schemas.SCHEMAS
 }
 
 
@@ -324,6 +342,8 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
     hist_count: dict[tuple[SeriesKey, str], float] = {}
     realtime: dict[SeriesKey, dict[str, float]] = {}
     cache_info: dict[str, dict[str, str]] = {}
+    tier_schema = _tier_schema(schema)
+    tier_reader = _TierReader(schema.server, tier_schema) if tier_schema else None
 
     for name, labels, value in samples:
         ident = (name, tuple(sorted(labels.items())))
@@ -339,6 +359,8 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
                 cache_info[key[1]] = dict(labels)
             continue
         if not admission.admit(key):
+            continue
+        if tier_reader is not None and tier_reader.take(name, labels, value, key):
             continue
         if name == schema.realtime_tokens:
             _check_counter(name, value)
@@ -397,9 +419,88 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
             values.counters["hits"] = cached
             values.counters["queries"] = cached + computed
 
-    for (_model, engine), values in series.items():
-        values.cache_info = cache_info.get(engine, {})
+    for key, values in series.items():
+        values.cache_info = cache_info.get(key[1], {})
+        if tier_reader is not None:
+            tier_reader.fill(key, values)
     return Snapshot(schema, series)
+
+
+class _TierReader:
+    """The tier families of one page: cached tokens by source, the second tier's stores,
+    occupancy and configuration, per series; ``fill`` turns them into counter roles."""
+
+    def __init__(self, server: str, schema: TierSchema) -> None:
+        self.server = server
+        self.schema = schema
+        self.sources: dict[SeriesKey, dict[str, float]] = {}
+        self.stores: dict[SeriesKey, float] = {}
+        self.used: dict[SeriesKey, float] = {}
+        self.configured: set[SeriesKey] = set()
+        self.store_names = {tiers.VLLM_OFFLOAD_SAVE_OUTCOMES, tiers.SGLANG_HICACHE_BACKUP_TOKENS}
+        self.used_names = {tiers.VLLM_OFFLOAD_USED_BLOCKS, tiers.SGLANG_HICACHE_HOST_USED}
+        self.config_names = {tiers.VLLM_OFFLOAD_INFO, tiers.SGLANG_HICACHE_HOST_TOTAL}
+        self.others = schema.sample_names()
+
+    def take(self, name: str, labels: dict[str, str], value: float, key: SeriesKey) -> bool:
+        """Record a tier sample; True when no other role reads it. SGLang's cached tokens
+        are also its hits: its device (and unsplit) sources go on to that role, its host and
+        storage sources do not (the device ratio is the device pool's)."""
+        if name == self.schema.cached_by_source:
+            source = labels.get(self.schema.source_label)
+            if source is None:
+                return False  # an SGLang build without the split: the hits role reads it
+            _check_counter(name, value)
+            by_source = self.sources.setdefault(key, {})
+            by_source[source] = by_source.get(source, 0.0) + value
+            if self.server == "sglang":
+                return source not in (tiers.SGLANG_SOURCE_DEVICE, tiers.SGLANG_SOURCE_TOTAL)
+            return True
+        if name in self.store_names:
+            _check_counter(name, value)
+            if labels.get(tiers.VLLM_OFFLOAD_OUTCOME_LABEL, tiers.VLLM_OFFLOAD_OUTCOME_STORED
+                          ) == tiers.VLLM_OFFLOAD_OUTCOME_STORED:
+                self.stores[key] = self.stores.get(key, 0.0) + value
+            self.configured.add(key)
+            return True
+        if name in self.used_names:
+            if math.isfinite(value):
+                self.used[key] = self.used.get(key, 0.0) + value
+            self.configured.add(key)
+            return True
+        if name in self.config_names:
+            self.configured.add(key)
+            return True
+        # The rest of the tier families (loads, evictions...) are read by no role here; the
+        # fallback and external counters are the schema's own roles.
+        shared = (self.schema.fallback_device, self.schema.fallback_unknown,
+                  self.schema.ext_queries)
+        return name in self.others and name not in shared and not name.endswith("_created")
+
+    def fill(self, key: SeriesKey, values: SeriesValues) -> None:
+        """Every tier's cached tokens (by source when the page splits them, else the
+        fallback: device = the engine's hits, unknown = a connector's hits)."""
+        by_source = self.sources.get(key)
+        if by_source is not None:
+            split = tiers.tiers_from_sources(by_source, self.server)
+            if self.server == "sglang" and "hits" in values.counters:
+                # Unsplit (unlabelled) cached tokens of an older build: the device pool's.
+                labelled_device = by_source.get(tiers.SGLANG_SOURCE_DEVICE, 0.0) + by_source.get(
+                    tiers.SGLANG_SOURCE_TOTAL, 0.0)
+                split[tiers.TIER_DEVICE] += max(values.counters["hits"] - labelled_device, 0.0)
+        elif "hits" in values.counters:
+            split = tiers.vllm_fallback_tiers(values.counters["hits"],
+                                              values.counters.get("ext_hits"))
+        else:
+            return
+        for tier, role in TIER_ROLES.items():
+            values.counters[role] = split[tier]
+        if key in self.stores:
+            values.counters[TIER_STORES] = self.stores[key]
+        if key in self.used:
+            values.gauges[TIER_USED] = self.used[key]
+        if key in self.configured:
+            values.gauges[TIER_CONFIGURED] = 1.0
 
 
 def _check_counter(name: str, value: float) -> None:

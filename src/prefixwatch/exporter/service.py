@@ -155,7 +155,8 @@ class Exporter:
             for model in ([wanted] if wanted else sorted(models)):
                 requests[model] = req
                 kinds[model] = kind_counts
-        result = diagnose(evidence, requests, self.config.thresholds, self.cold_seconds)
+        result = diagnose(evidence, requests, self.config.thresholds, self.cold_seconds,
+                          self.config.hit_ratio_mode)
         self.state.update(result, requests, kinds)
         self._log_changes(result)
 

@@ -6,7 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from prefixwatch.core import causes, schemas
+from prefixwatch.core import causes, schemas, tiers
 from prefixwatch.core.diagnosis import diagnose
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.windows import parse_duration
@@ -34,6 +34,20 @@ class StatusRow:
     #: The KV pool in blocks (cache_config_info num_gpu_blocks), for the ledger.
     pool_blocks: int | None = None
     causes: tuple[str, ...] = ()
+    #: Share of prompt tokens served from any tier over the gap, and since the start.
+    effective_ratio: float | None = None
+    lifetime_effective: float | None = None
+    #: Share of the gap's prompt tokens by tier, and "recomputed" for the rest.
+    tier_split: dict[str, float] | None = None
+
+
+def tier_shares(by_tier: dict[str, float], queries: float) -> dict[str, float] | None:
+    """Each tier's share of the prompt tokens, and the recomputed rest (None: no tokens)."""
+    if not by_tier or not queries > 0:
+        return None
+    shares = {t: by_tier[t] / queries for t in tiers.TIERS}
+    shares["recomputed"] = max(1.0 - sum(shares.values()), 0.0)
+    return shares
 
 
 def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
@@ -48,7 +62,8 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
         mon.close()
     now = time.time()
     evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
-    found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start))
+    found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),
+                     config.hit_ratio_mode)
     rows: list[StatusRow] = []
     for mon in monitors:
         if not mon.up or mon.snapshot is None:
@@ -83,6 +98,9 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
                 block_size=blocks[0] if blocks else None,
                 caching_enabled=all(enabled) if enabled else None,
                 causes=tuple(found.active(mon.name, model)),
+                effective_ratio=wf.effective_ratio if wf else None,
+                lifetime_effective=figures.lifetime_effective,
+                tier_split=tier_shares(wf.tiers, wf.queries) if wf else None,
             ))
     return rows
 
@@ -96,8 +114,8 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 def render(rows: list[StatusRow], gap: float) -> str:
-    headers = ("TARGET", "MODEL", "ENGINE", f"HIT({gap:g}s)", "HIT(life)", "QTOK/S",
-               "TTFT p50", "TTFT p95", "KV USE", "BLOCK", "NOTE")
+    headers = ("TARGET", "MODEL", "ENGINE", f"HIT({gap:g}s)", f"EFF({gap:g}s)", "HIT(life)",
+               "EFF(life)", "QTOK/S", "TTFT p50", "TTFT p95", "KV USE", "BLOCK", "NOTE")
     table = [headers]
     for r in rows:
         note = r.error
@@ -106,14 +124,23 @@ def render(rows: list[StatusRow], gap: float) -> str:
         elif not note and r.gap_ratio is None:
             note = "no traffic in the gap" if r.schema != "vllm_v0" else "V0: lifetime only"
         table.append((
-            r.target, r.model, r.schema, _pct(r.gap_ratio), _pct(r.lifetime_ratio),
-            _num(r.queries_per_s, ".0f"),
+            r.target, r.model, r.schema, _pct(r.gap_ratio), _pct(r.effective_ratio),
+            _pct(r.lifetime_ratio), _pct(r.lifetime_effective), _num(r.queries_per_s, ".0f"),
             _num(r.ttft_p50, ".3f") + ("s" if r.ttft_p50 is not None else ""),
             _num(r.ttft_p95, ".3f") + ("s" if r.ttft_p95 is not None else ""),
             _pct(r.kv_usage), _num(r.block_size, "d") if r.block_size else "-", note))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in table]
+    split = [r for r in rows if r.tier_split]
+    if split:
+        lines += ["", f"Prompt tokens by cache tier over the {gap:g}s gap (HIT is the device "
+                      "tier, EFF every tier; docs/tiers.md):"]
+        for r in split:
+            assert r.tier_split is not None
+            parts = ", ".join(f"{t} {_pct(v)}" for t, v in r.tier_split.items()
+                              if v > 0 or t in (tiers.TIER_DEVICE, "recomputed"))
+            lines.append(f"  {r.target} {r.model}: {parts}")
     summaries = {c.name: c.summary for c in causes.CAUSES}
     diagnosed = [r for r in rows if not r.error]
     if diagnosed:
