@@ -38,3 +38,16 @@ def test_audit_cli_prints_the_ledger(tmp_path) -> None:
     text = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "audit", str(log),
                            "--block-size", "4"], capture_output=True, text=True, check=True)
     assert "eviction" in text.stdout and "not separable: the pool size is unknown" in text.stdout
+
+
+def test_audit_layout_measures_the_identical_run_after_the_span() -> None:
+    """The audit's index holds lists: the run after a varying first token is measured on the
+    trie's list edges (an array copy of the sibling never compared equal to a list slice, so
+    the audit credited one block instead of the whole run)."""
+    shared = list(range(1, 40))  # 39 tokens both prompts share after their first token
+    auditor = Auditor(4)
+    auditor.add([100, *shared, 50, 51, 52, 53])
+    auditor.add([101, *shared, 60, 61, 62, 63])
+    t = auditor.ledger.totals
+    # The second request: diverges at 0, then agrees to token 40: 10 whole blocks of layout.
+    assert (t.prompt, t.layout, t.novel, t.pool_reach) == (88, 40, 44 + 4, 0)

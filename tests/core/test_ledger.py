@@ -132,3 +132,16 @@ def test_identity_and_reaches_against_brute_force(reqs, window, pool) -> None:
     recent = ledger.window(0.0)  # the requests still in the window
     recent.check()
     assert recent.prompt == sum(len(t) for t, _ in known[-window:])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=40), min_size=1, max_size=25))
+def test_audit_lists_and_window_arrays_give_the_same_ledger(reqs) -> None:
+    """The audit's index (list edges, list queries) and a window that drops nothing (array
+    edges) are the same trie: every request's parts, layout included, must agree."""
+    _, packed = feed([(t, None) for t in reqs])
+    index, ledger = PrefixIndex(BS), Ledger(BS)
+    for tokens, want in zip(reqs, packed, strict=True):
+        q = list(tokens)
+        result = index.add(q)
+        assert ledger.account(index, q, None, result, result.divergence) == want

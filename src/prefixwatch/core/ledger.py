@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from prefixwatch.core import names
 from prefixwatch.core.blockcache import BlockPool, cached_tokens_for
-from prefixwatch.core.prefixindex import Divergence, Entry, PrefixIndex, RequestResult
+from prefixwatch.core.prefixindex import Divergence, Entry, Node, PrefixIndex, RequestResult
 
 #: The longest varying span (tokens) a layout fix is credited for: a date, an id, a name.
 LAYOUT_SPAN = 64
@@ -70,8 +70,12 @@ class Parts:
             self.achieved = None  # one request without it: the sum is not known
         else:
             self.achieved += other.achieved
-        for name in COUNTED:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.prompt += other.prompt  # field by field: once a request, on the audit's path
+        self.novel += other.novel
+        self.layout += other.layout
+        self.routing += other.routing
+        self.eviction += other.eviction
+        self.pool_reach += other.pool_reach
         self.requests += other.requests
         return self
 
@@ -280,18 +284,28 @@ def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: in
     ``q`` was just added to ``index`` and left the earlier requests at token ``d``: its
     closest earlier sibling is the most recent other branch there. A span of at most
     ``LAYOUT_SPAN`` tokens on either side may differ; then both must agree for a full block.
+
+    Only the sibling's first ``LAYOUT_SPAN`` + one block of tokens are copied (the needle
+    search); the identical run after them is measured along the trie's own edges, with
+    slices of ``q`` in the edges' type (a list in the audit, an ``array('I')`` in a window),
+    since slices of different types never compare equal.
     """
     bs, n = index.bs, len(q)
     if n - d < bs + 1:
         return 0
-    sib = _sibling(index, q, extra_keys, d, n - d + LAYOUT_SPAN)
-    if sib is None or len(sib) < bs:
+    first = _sibling(index, q, extra_keys, d)
+    if first is None:
+        return 0
+    head = _head(first, LAYOUT_SPAN + bs)
+    if len(head) < bs:
+        return 0
+    starts = q[d:d + LAYOUT_SPAN + 1]
+    seen = set(head)  # a block can only start on a token the sibling has: most never do
+    if seen.isdisjoint(starts):
         return 0
     mine = array("I", q[d:d + LAYOUT_SPAN + bs])
-    head = sib[:LAYOUT_SPAN + bs]
     hay = head.tobytes()
-    seen = set(head)  # a block can only start on a token the sibling has: most never do
-    for s in [s for s, t in enumerate(mine[:LAYOUT_SPAN + 1]) if t in seen]:
+    for s in [s for s, t in enumerate(starts) if t in seen]:
         if s + bs > len(mine):
             break
         needle = mine[s:s + bs].tobytes()
@@ -301,12 +315,21 @@ def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: in
         if at == -1 or at // 4 > LAYOUT_SPAN:
             continue
         t = at // 4
-        return d + s + bs + _common(q, d + s + bs, sib, t + bs)
+        run = _run(_like(index, q), d + s + bs, first, d + t + bs)
+        return d + s + bs + run
     return 0
 
 
+def _like(index: PrefixIndex, q: Sequence[int]) -> Sequence[int]:
+    """``q`` as the index's edges hold tokens (usually already so: no copy)."""
+    if index.packed:
+        return q if isinstance(q, array) and q.typecode == "I" else array("I", q)
+    return q if type(q) is list else list(q)
+
+
 def _common(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
-    """Length of the common run of ``a[i:]`` and ``b[j:]``, doubling then halving."""
+    """Length of the common run of ``a[i:]`` and ``b[j:]`` (same sequence type), doubling
+    then halving."""
     m = min(len(a) - i, len(b) - j)
     lo, step = 0, 16
     while lo < m:
@@ -325,11 +348,10 @@ def _common(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
     return lo
 
 
-def _sibling(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int,
-             want: int) -> array | None:
-    """Up to ``want`` tokens of the most recent earlier request that leaves ``q`` at ``d``,
-    from ``d`` on (the trie's most recent branch at the divergence, then its most recent
-    children)."""
+def _sibling(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int
+             ) -> Node | None:
+    """The first node of the most recent earlier request that leaves ``q`` at ``d`` (the
+    trie's most recent other branch at the divergence; its edge starts at depth ``d``)."""
     node = index.roots.get(extra_keys)
     if node is None:
         return None
@@ -339,16 +361,36 @@ def _sibling(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int,
             return None  # no node boundary at d: the request was not added here
         node = child
     mine = q[d] if d < len(q) else None
-    other = None
     for key in reversed(node.children):
         if key != mine:
-            other = node.children[key]
-            break
-    if other is None:
-        return None
+            return node.children[key]
+    return None
+
+
+def _head(node: Node, want: int) -> array:
+    """The first ``want`` tokens of the sibling path from ``node`` (most recent children)."""
     out = array("I")
     while True:
-        out.extend(other.edge[:want - len(out)])
-        if len(out) >= want or not other.children:
+        out.extend(node.edge[:want - len(out)])
+        if len(out) >= want or not node.children:
             return out
-        other = next(reversed(other.children.values()))
+        node = next(reversed(node.children.values()))
+
+
+def _run(q: Sequence[int], i: int, node: Node, depth: int) -> int:
+    """The common run of ``q[i:]`` and the sibling path (from ``node``, most recent children)
+    read from absolute ``depth`` on, compared edge by edge without copying the path."""
+    while depth >= node.end:  # down to the edge that holds ``depth``
+        if not node.children:
+            return 0
+        node = next(reversed(node.children.values()))
+    run, n = 0, len(q)
+    while i < n:
+        edge = node.edge
+        off = depth - (node.end - len(edge))
+        k = _common(q, i, edge, off)
+        run, i, depth = run + k, i + k, depth + k
+        if depth < node.end or not node.children:
+            return run  # a difference inside this edge, or the sibling ends
+        node = next(reversed(node.children.values()))
+    return run
