@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from prefixwatch.core import settings
 from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
 from prefixwatch.core.diagnosis import (
     RequestEvidence,
@@ -13,6 +14,7 @@ from prefixwatch.core.diagnosis import (
     diagnose,
     fraction_at_or_below,
 )
+from prefixwatch.core.errors import ConfigError
 from prefixwatch.exporter.config import TargetConfig
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
 
@@ -193,14 +195,102 @@ def test_evidence_from_polled_pages() -> None:
     assert evidence_for(mon, t0 + 80, 60.0)["m"].caching_enabled is False
 
 
-def test_hit_ratio_mode_is_one_shared_key():
+def test_hit_ratio_mode_is_one_shared_key() -> None:
     """``hit_ratio: effective|device`` parses once for both config files; default effective."""
-    import pytest
-
-    from prefixwatch.core import settings
-    from prefixwatch.core.errors import ConfigError
-
     assert settings.diagnosis_from({}, "x").hit_ratio_mode == "effective"
     assert settings.diagnosis_from({"hit_ratio": "device"}, "x").hit_ratio_mode == "device"
     with pytest.raises(ConfigError, match="hit_ratio must be one of effective, device"):
         settings.diagnosis_from({"hit_ratio": "gpu"}, "x")
+
+
+def tiered(device: float, host: float, **changes) -> TargetEvidence:
+    """100,000 prompt tokens: ``device`` from the KV pool, ``host`` from a CPU tier."""
+    tiers = {"device": device, "host": host, "disk": 0.0, "remote": 0.0, "unknown": 0.0}
+    return healthy(**{"hits": device, "tiers": tiers, "tier_configured": True,
+                      "tier_asked": 100_000 - device, **changes})
+
+
+def test_a_full_pool_whose_misses_the_host_tier_serves_is_not_eviction_pressure() -> None:
+    """offload-rescue: 40% device + 48% host. The device view blames eviction; the effective
+    one sees 88% served and no cause."""
+    ev = tiered(40_000, 48_000, kv_peak=0.97, preemptions=3)
+    assert ev.effective_ratio == pytest.approx(0.88) and ev.lower_hits == 48_000
+    assert one(ev) == []
+    device = diagnose({"a": {"m": ev}}, {}, TH, 600, settings.HIT_RATIO_DEVICE)
+    assert device.active("a", "m") == ["eviction_pressure"]
+    # Both tiers collapsing is eviction again, whatever the ratio judged.
+    assert one(tiered(20_000, 10_000, kv_peak=0.97, preemptions=3)) == ["eviction_pressure"]
+    # Without a second tier the effective ratio is the device one: nothing changes.
+    assert one(healthy(hits=40_000, kv_peak=0.97, preemptions=3)) == ["eviction_pressure"]
+
+
+def test_the_requests_log_gap_counts_every_tier() -> None:
+    req = RequestEvidence(requests=100, prompt_tokens=100_000, cacheable_tokens=90_000,
+                          long_requests=100, long_prompt_tokens=100_000,
+                          long_cacheable_tokens=90_000)
+    assert one(tiered(40_000, 48_000), req) == []
+    assert one(healthy(hits=40_000), req) == ["eviction_pressure"]
+
+
+def test_tier_idle() -> None:
+    """A host tier asked for every device miss that serves under 5% of them."""
+    assert one(tiered(1_000, 200)) == ["tier_idle"]
+    assert one(tiered(1_000, 20_000)) == []  # it serves: not idle (the ratio is low, though)
+    assert one(tiered(80_000, 0)) == []  # the device pool hits: nothing to catch
+    assert one(tiered(1_000, 200, tier_configured=False, tier_asked=None)) == []  # no tier
+    assert one(tiered(1_000, 200, tier_asked=0.0)) == []  # configured, never fed
+    assert one(tiered(1_000, 200, tier_asked=None, tier_stores=5_000.0)) == ["tier_idle"]
+    assert one(tiered(1_000, 200, tier_asked=None, tier_used=131_072.0)) == ["tier_idle"]
+    few = (PROMPT_BOUNDS, [0] * 10 + [5] * 5)
+    assert one(tiered(1_000, 200, prompt_len=few)) == []  # 5 requests prove nothing
+    strict = DiagnosisThresholds(tier_idle_hit_share=0.001)
+    assert diagnose({"a": {"m": tiered(1_000, 200)}}, {}, strict, 600).active("a", "m") == []
+
+
+def logged(novel: int, layout: int = 0, routing: int = 0, eviction: int = 0,
+           unmeasured: tuple[str, ...] = (), short: int = 0) -> RequestEvidence:
+    """100 long requests of 100,000 prompt tokens (plus ``short`` tokens of 20 one-block
+    prompts, all novel) with their ledger; the rest of each long prompt is pool reach."""
+    from prefixwatch.core.ledger import Parts
+
+    reach = 100_000 - novel - layout - routing - eviction
+    parts = Parts(100_000 + short, novel + short, layout, routing, eviction, reach,
+                  requests=100 + (20 if short else 0))
+    parts.check()
+    return RequestEvidence(requests=parts.requests, prompt_tokens=parts.prompt,
+                           cacheable_tokens=100_000 - novel - layout, long_requests=100,
+                           long_prompt_tokens=100_000,
+                           long_cacheable_tokens=100_000 - novel - layout,
+                           ledger=parts, ledger_unmeasured=unmeasured)
+
+
+def test_ledger_parts_are_the_causes() -> None:
+    """Each measured part above its threshold names its cause; the largest missed part decides
+    prefix_divergence; a cold or caching-disabled target explains the misses itself."""
+    two = {"a": {"m": healthy(hits=45_000, queries=50_000)},
+           "b": {"m": healthy(hits=5_000, queries=50_000)}}
+    # Layout (35%) is the largest miss and above 1 - 0.7: prefix_divergence; routing 25%.
+    both = active(two, {"m": logged(novel=5_000, layout=30_000, routing=25_000)})
+    assert both == {"a": ["prefix_divergence", "routing_spread"],
+                    "b": ["prefix_divergence", "routing_spread"]}
+    # Routing (40%) is the largest: no prefix_divergence although novel + layout is 31%.
+    assert active(two, {"m": logged(novel=11_000, layout=20_000, routing=40_000)}) == {
+        "a": ["routing_spread"], "b": ["routing_spread"]}
+    # Eviction at 25% on one replica whose pool is not visibly full: the ledger says so.
+    one_target = healthy(hits=50_000)
+    assert one(one_target, logged(novel=5_000, eviction=25_000)) == ["eviction_pressure"]
+    assert one(one_target, logged(novel=5_000, eviction=15_000)) == []
+    assert one(healthy(hits=50_000, seconds_since_start=5),
+               logged(novel=5_000, eviction=25_000)) == ["cold_start"]
+    # One-block prompts are wholly novel and never a prefix's fault (short_prompts is).
+    assert one(one_target, logged(novel=5_000, short=900_000)) == []
+
+
+def test_unmeasured_parts_fall_back_to_the_gap() -> None:
+    """No replica per request: routing hides in unexplained, and the achievable-achieved gap
+    names it as before; a measured routing part of 0 must not be overruled by that gap."""
+    two = {t: {"m": healthy(hits=20_000, queries=50_000)} for t in "ab"}
+    hidden = logged(novel=10_000, unmeasured=("routing", "eviction"))
+    assert active(two, {"m": hidden}) == {"a": ["routing_spread"], "b": ["routing_spread"]}
+    measured = logged(novel=10_000, eviction=0)
+    assert active(two, {"m": measured}) == {"a": [], "b": []}

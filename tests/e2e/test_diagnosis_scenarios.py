@@ -44,7 +44,8 @@ def run_scenario(name: str, tmp_path, *, seconds: float = 8.0, rate: float = 20.
     sc = SCENARIOS[name]
     cfg = EngineConfig(num_blocks=sc.num_blocks or 8192, prefill_tokens_per_s=1e5,
                        time_per_output_token=0.001, enable_prefix_caching=caching,
-                       kv_cache_metrics=kv_cache_metrics, kv_cache_metrics_sample=1.0)
+                       kv_cache_metrics=kv_cache_metrics, kv_cache_metrics_sample=1.0,
+                       offload_blocks=sc.offload_blocks)
     log_path = os.path.join(tmp_path, f"{name}.log")
     stream = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
     request_log = RequestLogger(stream)
@@ -104,6 +105,10 @@ EXPECTED: dict[str, set[str]] = {
     "short-prompts": {"short_prompts"},
     "lora-adapters": set(),
     "prefix-affinity": set(),
+    # A host tier serves what the device pool evicts: healthy on the effective ratio.
+    "offload-rescue": set(),
+    # Every block stored to host memory, none asked for again: the tier idles.
+    "offload-idle": {"prefix_divergence", "tier_idle"},
 }
 
 
@@ -188,8 +193,6 @@ def test_readme_table_matches_the_tests() -> None:
     expected = {f"`{name}`": cs for name, cs in EXPECTED.items()}
     expected["`pool-pressure`"] = {"eviction_pressure"}
     expected["`round-robin`"] = {"routing_spread"}
-    expected["`offload-rescue`"] = {"eviction_pressure"}  # device view, until issue 13 part B
-    expected["`offload-idle`"] = {"prefix_divergence"}
     expected["`static-system-prompt`, `--no-prefix-caching`"] = {"caching_disabled"}
     expected["`static-system-prompt`, `--restart-at`"] = {"cold_start"}
     assert set(rows) == set(expected)
@@ -197,3 +200,25 @@ def test_readme_table_matches_the_tests() -> None:
         named = set(re.findall(r"`(\w+)`", cell))
         assert named == expected[scenario], scenario
     assert set(SCENARIOS) == {k.strip("`") for k in expected if "," not in k}
+
+
+@pytest.mark.integration
+def test_offload_rescue_is_healthy_on_the_effective_ratio(tmp_path) -> None:
+    """The device pool serves under half, the host tier most of the rest: the exporter's
+    effective ratio is above the threshold, the device one below, and nothing is diagnosed."""
+    run = run_scenario("offload-rescue", tmp_path)
+    assert settled(run) == set()
+    window = "1m"  # the exporter's first window: the whole run
+
+    def ratio(family: str) -> float:
+        (value,) = [s.value for s in run.metrics[family] if s.labels["window"] == window]
+        return value
+
+    assert ratio("prefixwatch_effective_hit_ratio") > causes.DiagnosisThresholds().hit_ratio
+    assert ratio("prefixwatch_prefix_cache_hit_ratio") < 0.6, ratio(
+        "prefixwatch_effective_hit_ratio")
+    host = [s.value for s in run.metrics["prefixwatch_prompt_tokens_cached"]
+            if s.labels["tier"] == "host" and s.name.endswith("_total")]
+    assert host and host[0] > 0
+    (ev,) = run.evidence.values()
+    assert ev.lower_hits > 0 and ev.tier_configured
