@@ -22,8 +22,9 @@ CAUSES: tuple[Cause, ...] = (
     Cause("eviction_pressure", "the KV pool is full and evicts cached prefixes",
           "KV usage peaked at or above kv_usage_full in the window and requests were preempted, "
           "or requests kept waiting, or (--kv-cache-metrics) cached blocks were evicted after "
-          "less than evict_idle_seconds idle; or, with a requests log and a single replica, the "
-          "achieved ratio is routing_gap or more below the achievable one. A lower tier's hits "
+          "less than evict_idle_seconds idle; or, with a requests log, the ledger's eviction part is "
+          "routing_gap or more of the prompt tokens (without the pool size: a single replica's "
+          "achieved ratio is routing_gap or more below the achievable one). A lower tier's hits "
           "count as saved: not when a second tier served tokens and the judged hit ratio "
           "(hit_ratio: effective) is at or above the threshold."),
     Cause("short_prompts", "most prompts are shorter than one KV block",
@@ -35,12 +36,14 @@ CAUSES: tuple[Cause, ...] = (
     Cause("cold_start", "the server (re)started recently: the cache is cold",
           "The counters were created or reset less than cold_start ago."),
     Cause("prefix_divergence", "prompts differ near the top: no cache could serve them",
-          "From the requests log: the achievable ratio of prompts longer than one block is below "
-          "the threshold (min_requests or more requests)."),
+          "From the requests log: the ledger's novel + layout parts of the prompts longer than "
+          "one block are more than 1 - hit_ratio of their tokens (their achievable ratio is "
+          "below the threshold) and the largest missed part (min_requests or more requests)."),
     Cause("routing_spread", "requests of one prefix are spread over several replicas",
-          "From the requests log: several replicas serve the model, the fleet's achieved ratio "
-          "is routing_gap or more below the achievable one, and no replica shows "
-          "eviction_pressure."),
+          "From the requests log: the ledger's routing part is routing_gap or more of the "
+          "prompt tokens; without a replica per request, several replicas serve the model, the "
+          "fleet's achieved ratio is routing_gap or more below the achievable one, and no "
+          "replica shows eviction_pressure."),
     Cause("no_ttft_benefit", "the hit rate rose but TTFT did not fall",
           "The hit ratio of the window is ttft_rise or more above the window before it, and "
           "the TTFT p50 is not below ttft_fall times the previous one."),

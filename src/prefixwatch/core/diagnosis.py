@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
+from prefixwatch.core.ledger import Parts
 from prefixwatch.core.settings import DEFAULT_HIT_RATIO_MODE, HIT_RATIO_DEVICE
 from prefixwatch.core.windows import histogram_quantile, ratio
 
@@ -104,6 +105,11 @@ class RequestEvidence:
     long_requests: int = 0
     long_prompt_tokens: int = 0
     long_cacheable_tokens: int = 0
+    #: The hit-rate ledger of the same requests (core/ledger.py), and the parts it cannot
+    #: tell apart (they stay in ``unexplained``); None: no ledger (the rules of the achievable
+    #: ratio alone apply).
+    ledger: Parts | None = None
+    ledger_unmeasured: tuple[str, ...] = ()
 
     @property
     def achievable(self) -> float | None:
@@ -209,11 +215,39 @@ def no_ttft_benefit(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
     return ev.ttft_p50 >= th.ttft_fall * ev.prev_ttft_p50
 
 
-def prefix_divergence(req: RequestEvidence | None, th: DiagnosisThresholds) -> bool:
+def prefix_divergence(req: RequestEvidence | None, th: DiagnosisThresholds,
+                      missed: Mapping[str, float] | None = None) -> bool:
+    """The prompts share too little: with the ledger's ``missed`` parts, novel + layout (of the
+    prompts longer than one block) is above 1 - hit_ratio of their tokens and the largest
+    missed part; without them, the achievable ratio of those prompts is below hit_ratio (the
+    same number: the ledger's fleet reach is the achievable ratio)."""
     if req is None or req.long_requests < th.min_requests:
         return False
+    if missed is not None:
+        prefix = missed["prefix"]
+        return prefix > (1 - th.hit_ratio) and prefix >= max(missed.values())
     value = req.achievable_long
     return value is not None and value < th.hit_ratio
+
+
+def ledger_missed(req: RequestEvidence | None, achieved: float | None
+                  ) -> dict[str, float] | None:
+    """The window's missed prompt tokens by part, as shares of the tokens of the prompts
+    longer than one block (a shorter prompt can never hit: all its tokens are novel and it
+    has no other part): ``prefix`` (novel + layout), then ``routing``, ``eviction`` (0 when
+    not measured) and ``unexplained`` (pool_reach - achieved, not below 0; 0 when the
+    achieved tokens are not known). None without a ledger or without long prompts."""
+    if req is None or req.ledger is None:
+        return None
+    parts = req.ledger
+    short = req.prompt_tokens - req.long_prompt_tokens  # wholly novel
+    tokens = parts.prompt - short
+    if tokens <= 0 or parts.prompt != req.prompt_tokens:
+        return None  # not the same requests: no ledger rather than a wrong one
+    rest = 0.0 if achieved is None else max(parts.pool_reach - achieved, 0.0)
+    return {"prefix": (parts.novel + parts.layout - short) / tokens,
+            "routing": parts.routing / tokens, "eviction": parts.eviction / tokens,
+            "unexplained": rest / tokens}
 
 
 def diagnose(
@@ -232,6 +266,7 @@ def diagnose(
             by_model.setdefault(model, {})[target] = ev
     for model, targets in by_model.items():
         req = requests.get(model)
+        missed = ledger_missed(req, _achieved(targets, hit_ratio_mode))
         per_target: dict[str, dict[str, bool]] = {}
         for target, ev in targets.items():
             causes = dict.fromkeys(CAUSE_NAMES, False)
@@ -243,21 +278,57 @@ def diagnose(
             causes["tier_idle"] = tier_idle(ev, th)
             causes["cold_start"] = cold_start(ev, cold_seconds)
             causes["no_ttft_benefit"] = no_ttft_benefit(ev, th)
-            causes["prefix_divergence"] = prefix_divergence(req, th)
+            causes["prefix_divergence"] = prefix_divergence(req, th, missed)
             per_target[target] = causes
+        _ledger_causes(targets, per_target, req, missed, th, hit_ratio_mode)
         _gap_causes(targets, per_target, req, th, hit_ratio_mode)
         for target, causes in per_target.items():
             out.causes[(target, model)] = causes
     return out
 
 
+def _achieved(targets: Mapping[str, TargetEvidence], mode: str) -> float | None:
+    """The window's cached prompt tokens of the model over its targets (every tier in
+    effective mode); None when no target served a query."""
+    serving = [ev for ev in targets.values() if ev.queries > 0]
+    if not serving:
+        return None
+    return sum(ev.hits if mode == HIT_RATIO_DEVICE else ev.cached for ev in serving)
+
+
+def _ledger_causes(targets: Mapping[str, TargetEvidence],
+                   per_target: dict[str, dict[str, bool]], req: RequestEvidence | None,
+                   missed: Mapping[str, float] | None, th: DiagnosisThresholds,
+                   mode: str = DEFAULT_HIT_RATIO_MODE) -> None:
+    """The ledger's measured parts: ``routing_spread`` while routing's share is routing_gap or
+    more, ``eviction_pressure`` while eviction's is (the ledger is the model's, over the
+    fleet: every serving target gets the cause). Not on a cold or caching-disabled target
+    (those explain the misses), nor eviction where a lower tier rescued the ratio."""
+    if missed is None or req is None or req.long_requests < th.min_requests:
+        return
+    serving = [t for t, ev in targets.items() if ev.queries > 0]
+    if any(per_target[t]["caching_disabled"] or per_target[t]["cold_start"] for t in serving):
+        return
+    for part, cause in (("routing", "routing_spread"), ("eviction", "eviction_pressure")):
+        if part in req.ledger_unmeasured or missed[part] < th.routing_gap:
+            continue
+        for t in serving:
+            if cause != "eviction_pressure" or not rescued(targets[t], th, mode):
+                per_target[t][cause] = True
+
+
 def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dict[str, bool]],
                 req: RequestEvidence | None, th: DiagnosisThresholds,
                 mode: str = DEFAULT_HIT_RATIO_MODE) -> None:
     """Achievable high, achieved low: the cache forgot (one replica) or the traffic is spread
-    (several replicas, no pool under pressure). Achieved counts every tier in effective mode."""
+    (several replicas, no pool under pressure). Achieved counts every tier in effective mode.
+    Only for what the ledger cannot tell apart: a part it measures is judged on its share
+    (``_ledger_causes``), never on the gap as well."""
     if req is None or req.long_requests < th.min_requests:
         return
+    ledger = req.ledger is not None
+    routing_known = ledger and "routing" not in req.ledger_unmeasured
+    eviction_known = ledger and "eviction" not in req.ledger_unmeasured
     achievable = req.achievable
     serving = [t for t, ev in targets.items() if ev.queries > 0]
     if achievable is None or achievable < th.hit_ratio or not serving:
@@ -270,7 +341,8 @@ def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dic
     if achieved is None or achievable - achieved < th.routing_gap:
         return
     if len(serving) == 1:
-        per_target[serving[0]]["eviction_pressure"] = True
-    elif not any(per_target[t]["eviction_pressure"] for t in serving):
+        if not eviction_known:
+            per_target[serving[0]]["eviction_pressure"] = True
+    elif not routing_known and not any(per_target[t]["eviction_pressure"] for t in serving):
         for t in serving:
             per_target[t]["routing_spread"] = True

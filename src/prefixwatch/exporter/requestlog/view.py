@@ -127,7 +127,8 @@ class RequestView:
         return guess_kind(mine, theirs, before)
 
     def evidence(self, window: float) -> tuple[RequestEvidence, Counter[str]]:
-        """The requests of the last ``window`` seconds, and their divergence kinds."""
+        """The requests of the last ``window`` seconds (with their ledger), and their
+        divergence kinds."""
         since = self.clock() - window
         ev = RequestEvidence()
         kinds: Counter[str] = Counter()
@@ -144,6 +145,10 @@ class RequestView:
                     ev.long_cacheable_tokens += entry.cacheable_tokens
                 if entry.kind is not None:
                     kinds[entry.kind] += 1
+            # The ledger of the same requests (same ``since``, same lock): the diagnosis
+            # judges its parts rather than a second figure of its own.
+            ev.ledger = self.ledger.window(since)
+            ev.ledger_unmeasured = self.ledger.unmeasured()
         return ev, kinds
 
     def ledger_window(self, window: float) -> tuple[Parts, tuple[str, ...]]:
