@@ -22,9 +22,10 @@ CAUSES: tuple[Cause, ...] = (
     Cause("eviction_pressure", "the KV pool is full and evicts cached prefixes",
           "KV usage peaked at or above kv_usage_full in the window and requests were preempted, "
           "or requests kept waiting, or (--kv-cache-metrics) cached blocks were evicted after "
-          "less than evict_idle_seconds idle; or, with a requests log, the ledger's eviction part is "
-          "routing_gap or more of the prompt tokens (without the pool size: a single replica's "
-          "achieved ratio is routing_gap or more below the achievable one). A lower tier's hits "
+          "less than evict_idle_seconds idle; or, with a requests log, the ledger's eviction "
+          "part is routing_gap or more of the prompt tokens (without the pool size: a single "
+          "replica's achieved ratio is routing_gap or more below the achievable one). A lower "
+          "tier's hits "
           "count as saved: not when a second tier served tokens and the judged hit ratio "
           "(hit_ratio: effective) is at or above the threshold."),
     Cause("short_prompts", "most prompts are shorter than one KV block",
