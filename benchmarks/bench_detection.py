@@ -2,9 +2,12 @@
 
 Scenarios at 15 s scrape and evaluation intervals, on vLLM's own series:
 - collapse: 89% for 24 h (a healthy day), then 3% (a timestamp at the top of the prompt);
-- dip: 89%, a 1 min 45 s dip to 3%, back to 89%;
+- both tiers collapse: 42% device + 46% host for 24 h, then 2% + 1% (the effective ratio);
+- host rescue: 42% device + 46% host throughout (must not page on the effective ratio);
+- dip: 89%, a 90 s dip to 40%, back to 89%;
 - cold start: a restart, the cache cold (20%) for 8 minutes, then 89% again;
-- trickle: 10 prompt tokens/s that never hit.
+- trickle: 10 prompt tokens/s that never hit;
+- idle: an hour of traffic, then none.
 Rules compared on the same series, in the same run:
 - prefixwatch: the generated PrefixCacheHitRateLow (critical path);
 - naive rate: `sum(rate(hits[5m])) / sum(rate(queries[5m])) < 0.7`, for 5m;
@@ -38,12 +41,18 @@ COMPARED = {
 }
 SCENARIOS = {
     "collapse": ([Phase(24 * 60, 1000, 0.89), Phase(12 * 60, 1000, 0.03)], 24 * 60, 12 * 60),
-    "dip (1m45s)": ([Phase(60, 1000, 0.89), Phase(1.75, 1000, 0.03), Phase(60, 1000, 0.89)],
-                    60, 60),
+    "both tiers": ([Phase(24 * 60, 1000, 0.42, host=0.46), Phase(12 * 60, 1000, 0.02, host=0.01)],
+                   24 * 60, 12 * 60),
+    "host rescue": ([Phase(120, 1000, 0.42, host=0.46)], 0, 120),
+    "dip (90s, 40%)": ([Phase(60, 1000, 0.89), Phase(1.5, 1000, 0.40), Phase(60, 1000, 0.89)],
+                       60, 60),
     "cold start (8m)": ([Phase(60, 1000, 0.89), Phase(8, 1000, 0.2, reset=True),
                          Phase(60, 1000, 0.89)], 60, 60),
     "trickle": ([Phase(120, 10, 0.0)], 0, 120),
+    "idle": ([Phase(60, 1000, 0.89), Phase(60, 0, 0.0)], 60, 60),
 }
+#: Scenarios that should page (the others must not, on the default effective ratio).
+SHOULD_PAGE = ("collapse", "both tiers")
 
 
 def first_firing(promtool: str, workdir: Path, phases: list[Phase], start_min: float,
@@ -96,12 +105,17 @@ def main() -> None:
             results[name] = first_firing(promtool, Path(tmp), phases, start, span)
     rules_ = ["prefixwatch", *COMPARED]
     print("Minutes from the start of the event to a firing alert (15 s intervals);")
-    print("'-' = never fired within the scenario. Only the collapse should fire.\n")
+    print("'-' = never fired within the scenario. Only the collapses should fire (the compared")
+    print("rules read the device counters only, so they page on the host rescue too).\n")
     print(f"{'scenario':18}" + "".join(f"{r:>16}" for r in rules_))
     for scenario, found in results.items():
         cells = [found.get(r) for r in rules_]
         print(f"{scenario:18}" + "".join(
             f"{'-' if c is None else f'{c:.2f}':>16}" for c in cells))
+    for scenario, found in results.items():
+        fired = found["prefixwatch"] is not None
+        if fired != (scenario in SHOULD_PAGE):
+            print(f"UNEXPECTED: prefixwatch {'paged' if fired else 'stayed quiet'} on {scenario}")
     ours = results["collapse"]["prefixwatch"]
     for other in COMPARED:
         theirs = results["collapse"][other]

@@ -156,6 +156,8 @@ def known_names() -> set[str]:
             known |= {metric.name, metric.name + "_total", metric.name + "_bucket"}
     for schema in schemas.SCHEMAS:
         known |= set(schema.sample_names())
+    for tier_schema in schemas.TIER_SCHEMAS.values():
+        known |= set(tier_schema.sample_names())
     for source in rules.SOURCES:
         for rule in rules.Builder(source, rules.RulesConfig()).recording():
             known.add(rule["record"])

@@ -42,4 +42,4 @@ def test_a_changed_page_text_fails_them(tmp_path: Path) -> None:
         rules.render("exporter", MixinConfig(hit_ratio_threshold=0.6)))
     r = subprocess.run([promtool, "test", "rules", path.name], cwd=tmp_path / "tests",
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "below 60% over five minutes" in r.stdout + r.stderr
+    assert r.returncode != 0 and "below 60% over 5 minutes" in r.stdout + r.stderr

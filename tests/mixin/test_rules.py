@@ -160,7 +160,7 @@ def test_alertmanager_config_and_routes(amtool: str, tmp_path: Path) -> None:
     ("selector: 'job=vllm'\n", "must look like"),
     ("selectors:\n  matchers: 'job=vllm'\n", "c.yml:2:3: matchers"),
     ("cluster_label: model_name\n", "cluster_label must be a label name"),
-    ("windows: [5m, 15m]\n", "windows must keep 1m"),
+    ("windows: [1m, 15m]\n", "windows must keep 5m"),
     ("diagnosis: {kv_usage_full: 2}\n", "c.yml:1:1: diagnosis.kv_usage_full must be in (0, 1]"),
     ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
     ("runbook_url_pattern: https://x/runbooks\n", "needs {anchor}"),

@@ -13,8 +13,12 @@ ALERT_OUTLIER = "PrefixCacheReplicaOutlier"
 ALERT_EVICTION = "PrefixCacheEvictionPressure"
 ALERT_ABSENT = "PrefixCacheMetricsAbsent"
 ALERT_WATCHDOG = "Watchdog"
+# Cache tiers (issue 13): a second tier that saves nothing, HBM outgrown, offload stores lost.
+ALERT_TIER_IDLE = "PrefixCacheTierIdle"
+ALERT_DEVICE_SHARE = "PrefixCacheDeviceShareLow"
+ALERT_OFFLOAD_FAILURES = "PrefixCacheOffloadFailures"
 ALERTS = (ALERT_LOW, ALERT_REGRESSION, ALERT_OUTLIER, ALERT_EVICTION, ALERT_ABSENT,
-          ALERT_WATCHDOG)
+          ALERT_TIER_IDLE, ALERT_DEVICE_SHARE, ALERT_OFFLOAD_FAILURES, ALERT_WATCHDOG)
 #: Matches every prefix-cache alert (not the Watchdog), for ALERTS{alertname=~...} queries.
 ALERT_PATTERN = "PrefixCache.*"
 #: The hit-rate alerts that a missing-metrics alert inhibits.
@@ -40,7 +44,48 @@ def r_ratio(level: str, w: str) -> str:
     return f"{level}:prefix_cache_hit_ratio:rate{w}"
 
 
+# Cache tiers: prompt tokens by the tier that served them (device, host, disk, remote,
+# unknown: core/tiers.py), the prompt tokens that looked up the cache, and what no tier served.
+MODEL_TIER = "model_name_tier"
+MODEL_TARGET_TIER = "model_name_target_tier"
+
+
+def r_tier_tokens(level: str, w: str) -> str:
+    """Prompt tokens per second served from cache, by tier (``level`` ends in ``_tier``)."""
+    return f"{level}:prompt_tokens_cached:rate{w}"
+
+
+def r_cached(level: str, w: str) -> str:
+    """Prompt tokens per second served from any cache tier."""
+    return f"{level}:prompt_tokens_cached:rate{w}"
+
+
+def r_prompt(level: str, w: str) -> str:
+    """Prompt tokens per second that looked up the cache (the effective ratio's denominator)."""
+    return f"{level}:prompt_tokens:rate{w}"
+
+
+def r_recomputed(level: str, w: str) -> str:
+    """Prompt tokens per second that no tier served: prefilled from scratch."""
+    return f"{level}:prompt_tokens_recomputed:rate{w}"
+
+
+def r_effective(level: str, w: str) -> str:
+    """Share of prompt tokens served from any tier; absent without traffic."""
+    return f"{level}:prefix_cache_effective_hit_ratio:rate{w}"
+
+
+def r_lower_tier(level: str, w: str) -> str:
+    """Share of the device pool's misses that a lower tier (host, disk, remote) served."""
+    return f"{level}:prefix_cache_lower_tier_hit_ratio:rate{w}"
+
+
 R_BASELINE = "model_name:prefix_cache_hit_ratio:rate2h_offset1h"
+R_EFFECTIVE_BASELINE = "model_name:prefix_cache_effective_hit_ratio:rate2h_offset1h"
+#: Present per model while a second tier takes data (stores, occupancy, connector lookups).
+R_TIER_ACTIVE = "model_name:prefix_cache_lower_tier_signals:count15m"
+#: Share of the offload connector's store decisions that lost the block.
+R_OFFLOAD_FAILED = "model_name_target:kv_offload_stores_failed:ratio_rate15m"
 R_RESETS = "model_name:prefix_cache_queries:resets"
 R_TTFT = "model_name_quantile:time_to_first_token_seconds:rate5m"
 R_TTFT_TARGET = "model_name_target_quantile:time_to_first_token_seconds:rate5m"
@@ -52,11 +97,17 @@ R_WAITING = "model_name_target:requests_waiting:max5m"
 R_SAVED_SHARE = "model_name:prefill_tokens_saved:ratio_rate5m"
 R_ACHIEVABLE = "model_name:prefix_cache_achievable_hit_ratio:max"
 R_MISSED = "model_name:prefill_tokens_achievable_missed:rate5m"
+# The hit-rate ledger (issue 14, the exporter with a request log): prompt tokens per second by
+# part (achieved, novel, layout, routing, eviction, unexplained), and their shares of the
+# prompt tokens, which sum to 1 per model.
+R_LEDGER_TOKENS = "model_name:prefill_tokens_by_part:rate5m"
+R_LEDGER_SHARE = "model_name:prefill_tokens_by_part:ratio_rate5m"
 
-#: Windows of the recorded fleet ratios (the alerts read 1m, 5m and 15m).
+#: Windows of the recorded fleet ratios (the alerts read 5m, 15m and the critical path's).
 RATIO_WINDOWS = ("1m", "5m", "15m", "1h")
-#: The windows the alerts need: a config may add ratio windows, never drop these.
-ALERT_RATIO_WINDOWS = ("1m", "5m", "15m")
+#: The windows the alerts need besides the critical path's (MixinConfig.critical_windows, always
+#: recorded): a config may add ratio windows, never drop these.
+ALERT_RATIO_WINDOWS = ("5m", "15m")
 #: Windows of the recorded per-replica ratios.
 TARGET_WINDOWS = ("5m", "15m")
 

@@ -6,28 +6,46 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core import names
+from prefixwatch.core import names, settings
 from prefixwatch.core.rulenames import (
     ALERT_ABSENT,
+    ALERT_DEVICE_SHARE,
     ALERT_EVICTION,
     ALERT_LOW,
+    ALERT_OFFLOAD_FAILURES,
     ALERT_OUTLIER,
     ALERT_REGRESSION,
+    ALERT_TIER_IDLE,
     ALERT_WATCHDOG,
     MODEL,
     MODEL_TARGET,
     R_BASELINE,
+    R_EFFECTIVE_BASELINE,
     R_KV,
+    R_LEDGER_SHARE,
+    R_OFFLOAD_FAILED,
     R_PREEMPT,
     R_RESETS,
+    R_TIER_ACTIVE,
     R_WAITING,
+    r_effective,
+    r_lower_tier,
     r_queries,
     r_ratio,
 )
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.mixin.config import prom_duration
 from prefixwatch.mixin.promql import Exprs, promql_regex_literal, promql_string
 
 NO_DIAGNOSIS = ("none (no prefixwatch_diagnosis is 1 for this model: a cause outside the "
                 "runbook, or the exporter is not scraped).")
+
+
+def render_ledger(part: str | None, share: float | None) -> str:
+    """What ``Alerts.ledger_clause`` renders to: nothing without ledger series."""
+    if part is None or share is None:
+        return ""
+    return f" Largest miss: {part} ({share * 100:.4g}% of prompt tokens)."
 
 
 def render_diagnosis(causes: list[str], runbook_pattern: str) -> str:
@@ -38,6 +56,33 @@ def render_diagnosis(causes: list[str], runbook_pattern: str) -> str:
 
 
 class Alerts(Exprs):
+    @property
+    def effective(self) -> bool:
+        """Whether the hit-rate alerts judge the effective ratio (every tier)."""
+        return self.cfg.hit_ratio == settings.HIT_RATIO_EFFECTIVE and self.src.tiers is not None
+
+    def slo(self, level: str, w: str) -> str:
+        """The recorded ratio the hit-rate alerts judge: effective or device."""
+        return r_effective(level, w) if self.effective else r_ratio(level, w)
+
+    @property
+    def slo_baseline(self) -> str:
+        return R_EFFECTIVE_BASELINE if self.effective else R_BASELINE
+
+    @property
+    def ratio_name(self) -> str:
+        """How the texts name the judged ratio."""
+        return ("effective prefix-cache hit rate (every cache tier)" if self.effective
+                else "prefix-cache hit rate (device pool)")
+
+    def span(self, window: str) -> str:
+        """A window in words for the texts ('2 minutes')."""
+        seconds = parse_duration(window)
+        if seconds % 60:
+            return prom_duration(seconds)
+        minutes = int(seconds // 60)
+        return "one minute" if minutes == 1 else f"{minutes} minutes"
+
     def on(self, *labels: str) -> str:
         return f"on ({self.labels(*labels)})"
 
@@ -95,6 +140,20 @@ class Alerts(Exprs):
                 "{{ if $i }}; {{ end }}{{ $s.Labels.cause }} (" + link +
                 "){{ else }}" + NO_DIAGNOSIS + "{{ end }}")
 
+    def ledger_clause(self) -> str:
+        """Template text naming the ledger's largest missed part and its share of the model's
+        prompt tokens (R_LEDGER_SHARE, a query at notification time like the diagnosis: the
+        labels stay stable); nothing where no ledger is recorded (no request log, or a source
+        other than the exporter)."""
+        if self.src.name != "exporter":
+            return ""
+        cluster = self.cfg.cluster_label
+        matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q,part!=%q"
+        args = (f"$labels.{cluster} " if cluster else "") + '$labels.model_name "achieved"'
+        query = f'printf "topk(1, {R_LEDGER_SHARE}{{{matchers}}})" {args}'
+        return ("{{ range query (" + query + ") }} Largest miss: {{ .Labels.part }} "
+                "({{ .Value | humanizePercentage }} of prompt tokens).{{ end }}")
+
     def alert(self, name: str, expr: str, for_: str | None, severity: str, summary: str,
               description: str, anchor: str | None = None) -> dict[str, Any]:
         rule: dict[str, Any] = {"alert": name, "expr": expr}
@@ -110,51 +169,54 @@ class Alerts(Exprs):
         pct = "{{ $value | humanizePercentage }}"
         model = "{{ $labels.model_name }}"
         threshold = self.threshold_text()
+        short, long_ = cfg.critical_windows
+        ratio = self.ratio_name
         out = [
             self.alert(
                 ALERT_LOW,
-                f"{self.below_threshold(r_ratio(MODEL, '1m'))}\n"
-                f"and {self.on(MODEL)} {self.below_threshold(r_ratio(MODEL, '5m'))}\n"
-                f"{self.guards('5m')}",
-                "2m", "critical",
+                f"{self.below_threshold(self.slo(MODEL, short))}\n"
+                f"and {self.on(MODEL)} {self.below_threshold(self.slo(MODEL, long_))}\n"
+                f"{self.guards(long_)}",
+                cfg.critical_for, "critical",
                 f"Prefix-cache hit rate of {model} collapsed to {pct}.",
-                f"The prefix-cache hit rate of {model} is {pct} over the last minute and below "
-                f"{threshold} over five minutes. Prompts are recomputed from scratch: "
+                f"The {ratio} of {model} is {pct} over the last {self.span(short)} and below "
+                f"{threshold} over {self.span(long_)}. Prompts are recomputed from scratch: "
                 "TTFT and GPU load go up. Usually something now changes near the top of the "
-                "prompt (a timestamp, an id, tool order)." + self.diagnosis_clause(),
+                "prompt (a timestamp, an id, tool order)." + self.diagnosis_clause()
+                + self.ledger_clause(),
             ),
             self.alert(
                 ALERT_LOW,
-                f"{self.below_threshold(r_ratio(MODEL, '15m'))}\n{self.guards('15m')}",
+                f"{self.below_threshold(self.slo(MODEL, '15m'))}\n{self.guards('15m')}",
                 "15m", "warning",
                 f"Prefix-cache hit rate of {model} is low ({pct}).",
-                f"The prefix-cache hit rate of {model} has been below {threshold} for "
+                f"The {ratio} of {model} has been below {threshold} for "
                 f"15 minutes ({pct} now, over 15 minutes). A slow drift: more distinct prefixes, "
                 "a fuller KV pool, or a prompt change rolled out gradually."
-                + self.diagnosis_clause(),
+                + self.diagnosis_clause() + self.ledger_clause(),
             ),
             self.alert(
                 ALERT_REGRESSION,
-                f"{self.enabled(r_ratio(MODEL, '15m'))}\n< {self.on(MODEL)}\n"
-                f"{R_BASELINE} - {cfg.regression_drop:g}\n{self.guards('15m')}",
+                f"{self.enabled(self.slo(MODEL, '15m'))}\n< {self.on(MODEL)}\n"
+                f"{self.slo_baseline} - {cfg.regression_drop:g}\n{self.guards('15m')}",
                 "10m", "warning",
                 f"Prefix-cache hit rate of {model} regressed to {pct}.",
-                f"The prefix-cache hit rate of {model} is {pct} over 15 minutes, "
+                f"The {ratio} of {model} is {pct} over 15 minutes, "
                 f"{cfg.regression_drop:.0%} or more below its own level one to three hours ago "
                 "(it may still be above the alert threshold). Check what was deployed."
                 + self.diagnosis_clause(),
             ),
             self.alert(
                 ALERT_OUTLIER,
-                f"{self.enabled(r_ratio(MODEL_TARGET, '15m'))}\n< {self.on(MODEL)} group_left ()"
-                f"\n({r_ratio(MODEL, '15m')} - {cfg.outlier_gap:g})\n"
+                f"{self.enabled(self.slo(MODEL_TARGET, '15m'))}\n< {self.on(MODEL)} group_left ()"
+                f"\n({self.slo(MODEL, '15m')} - {cfg.outlier_gap:g})\n"
                 f"and {self.on(MODEL, 'target')} {r_queries(MODEL_TARGET, '15m')} > "
                 f"{cfg.min_query_tokens_per_second:g}\n"
                 f"and {self.on(MODEL)} count by ({self.labels(MODEL)}) "
                 f"({r_queries(MODEL_TARGET, '15m')}) > 1",
                 "15m", "warning",
                 f"Replica {{{{ $labels.target }}}} of {model} has a low hit rate ({pct}).",
-                f"Replica {{{{ $labels.target }}}} serves {model} with a prefix-cache hit rate "
+                f"Replica {{{{ $labels.target }}}} serves {model} with an {ratio} "
                 f"of {pct}, more than {cfg.outlier_gap:.0%} below the model's fleet. Routing "
                 "sends it prefixes the others hold (round-robin), or its pool is evicting."
                 + self.diagnosis_clause(),
@@ -171,6 +233,7 @@ class Alerts(Exprs):
                 f"KV-cache usage on {{{{ $labels.target }}}} ({model}) is {pct} with requests "
                 "preempted or queued: cached prefixes are evicted before they can be reused.",
             ))
+        out += self.tier_alerts()
         out.append(self.alert(ALERT_ABSENT, self.absent_expr(), "5m", "warning",
                               "Prefix-cache metrics are missing"
                               "{{ if $labels.target }} for {{ $labels.target }}{{ end }}.",
@@ -184,6 +247,51 @@ class Alerts(Exprs):
                         "description": "A dead man's switch. If its notifications stop, "
                                        "Prometheus or Alertmanager is broken.",
                         "runbook_url": cfg.runbook(ALERT_WATCHDOG)}})
+        return out
+
+    def tier_alerts(self) -> list[dict[str, Any]]:
+        """A second tier that saves nothing, HBM outgrown, offload stores lost."""
+        cfg, t = self.cfg, self.src.tiers
+        if t is None:
+            return []
+        pct = "{{ $value | humanizePercentage }}"
+        model = "{{ $labels.model_name }}"
+        idle_share = cfg.diagnosis.thresholds.tier_idle_hit_share
+        out = [self.alert(
+            ALERT_TIER_IDLE,
+            f"{self.enabled(r_lower_tier(MODEL, '15m'))} < {idle_share:g}\n"
+            f"and {self.on(MODEL)} {self.below_threshold(r_ratio(MODEL, '15m'))}\n"
+            f"and {self.on(MODEL)} {R_TIER_ACTIVE}\n{self.guards('15m')}",
+            "30m", "warning",
+            f"The second cache tier of {model} serves almost nothing ({pct} of device misses).",
+            f"A second cache tier (CPU offload, HiCache, a KV connector) of {model} takes data "
+            f"but served only {pct} of the prompt tokens the device pool missed over 15 "
+            f"minutes, while the device pool's own hit rate is below {self.threshold_text()}. "
+            "It costs host memory and copy bandwidth and saves no prefill: the tier is too "
+            "small for the working set, or what it stores is never asked for again.")]
+        out.append(self.alert(
+            ALERT_DEVICE_SHARE,
+            f"{self.enabled(r_ratio(MODEL, '15m'))}\n< {self.on(MODEL)}\n"
+            f"{R_BASELINE} - {cfg.regression_drop:g}\n"
+            f"and {self.on(MODEL)} {r_effective(MODEL, '15m')}\n"
+            f">= {self.on(MODEL)} {R_EFFECTIVE_BASELINE} - {cfg.regression_drop:g}\n"
+            f"{self.guards('15m')}",
+            "30m", "warning",
+            f"The device pool of {model} serves less ({pct}); a slower tier makes up for it.",
+            f"The device (HBM) hit rate of {model} is {pct} over 15 minutes, "
+            f"{cfg.regression_drop:.0%} or more below its level one to three hours ago, while "
+            "the effective hit rate (every tier) held: the working set outgrew the device pool "
+            "and a slower tier serves the rest. No prefill is wasted, but TTFT pays each load "
+            "from host, disk or remote."))
+        if t.offload_outcomes:
+            out.append(self.alert(
+                ALERT_OFFLOAD_FAILURES,
+                f"{R_OFFLOAD_FAILED} > {cfg.offload_failure_share:g}",
+                "15m", "warning",
+                f"KV offload of {{{{ $labels.target }}}} ({model}) loses {pct} of its stores.",
+                f"The KV offload connector of {{{{ $labels.target }}}} ({model}) dropped {pct} "
+                "of the blocks it tried to store over 15 minutes (host pool full, request gone, "
+                "block not hashed): those prefixes cannot be served from the host tier later."))
         return out
 
     def absent_expr(self) -> str:

@@ -59,9 +59,18 @@ class MixinConfig:
     #: Label naming the Prometheus (cluster) a series comes from, in a global view.
     cluster_label: str | None = None
     hit_ratio_threshold: float = names.DEFAULT_HIT_RATIO_THRESHOLD
+    #: Which ratio the hit-rate alerts judge: ``effective`` (prompt tokens served from any
+    #: cache tier) or ``device`` (the engine's own KV pool); core.settings parses the key.
+    hit_ratio: str = settings.DEFAULT_HIT_RATIO_MODE
     models: Mapping[str, ModelOverride] = field(default_factory=dict)
-    #: Windows of the recorded fleet hit ratios (must hold the alerts' 1m, 5m and 15m).
+    #: Windows of the recorded fleet hit ratios (must hold the alerts' 5m and 15m; the
+    #: critical path's windows are recorded whatever this says).
     windows: tuple[str, ...] = rulenames.RATIO_WINDOWS
+    #: PrefixCacheHitRateLow (critical): both windows below the threshold for ``critical_for``.
+    #: The long window ignores a short dip; the short one ends the page soon after recovery.
+    critical_short_window: str = "2m"
+    critical_long_window: str = "5m"
+    critical_for: str = "1m"
     #: Prompt tokens per second (per model) below which no hit-rate alert fires.
     min_query_tokens_per_second: float = 100.0
     #: A model whose counters reset within this long is warming up: no hit-rate alert.
@@ -69,6 +78,8 @@ class MixinConfig:
     regression_drop: float = 0.15
     outlier_gap: float = 0.25
     kv_usage_high: float = 0.90
+    #: PrefixCacheOffloadFailures: this share of the offload connector's stores lost.
+    offload_failure_share: float = 0.10
     runbook_url_pattern: str = rulenames.DEFAULT_RUNBOOK_URL_PATTERN
     evaluation_interval: str = "15s"
     #: Multiplies every window and `for` (tests and the demo run the same rules in seconds).
@@ -89,6 +100,16 @@ class MixinConfig:
         return self.hit_ratio_threshold
 
     @property
+    def critical_windows(self) -> tuple[str, str]:
+        return (self.critical_short_window, self.critical_long_window)
+
+    @property
+    def recorded_windows(self) -> tuple[str, ...]:
+        """The fleet ratio windows to record: ``windows`` plus the critical path's, by length."""
+        extra = [w for w in self.critical_windows if w not in self.windows]
+        return tuple(sorted((*self.windows, *extra), key=parse_duration))
+
+    @property
     def selector(self) -> str:
         """The matchers every raw series gets: job and the extra matchers."""
         parts = [f'job=~"{self.job}"'] if self.job else []
@@ -102,6 +123,7 @@ class MixinConfig:
         start: the diagnosis section only for what differs)."""
         return settings.diagnosis_from(
             {settings.THRESHOLD_KEY: self.hit_ratio_threshold,
+             settings.HIT_RATIO_KEY: self.hit_ratio,
              settings.COLD_START_KEY: self.cold_start,
              settings.DIAGNOSIS_KEY: dict(self.diagnosis_overrides)}, "mixin config")
 
@@ -268,12 +290,18 @@ def _dashboards(value: Any, where: _Where) -> DashboardSettings:
 
 
 def _check(cfg: MixinConfig, where: _Where) -> None:
-    for name in ("hit_ratio_threshold", "regression_drop", "outlier_gap", "kv_usage_high"):
+    for name in ("hit_ratio_threshold", "regression_drop", "outlier_gap", "kv_usage_high",
+                 "offload_failure_share"):
         key = "threshold" if name == "hit_ratio_threshold" and ("threshold",) in where.marks \
             else name
         settings.check_share(name, getattr(cfg, name), where(key))
-    for name in ("cold_start", "evaluation_interval"):
+    for name in ("cold_start", "evaluation_interval", "critical_short_window",
+                 "critical_long_window", "critical_for"):
         settings.check_duration(name, getattr(cfg, name), where(name))
+    if parse_duration(cfg.critical_short_window) >= parse_duration(cfg.critical_long_window):
+        raise ConfigError(f"{where('critical_short_window')}: critical_short_window must be "
+                          "shorter than critical_long_window")
+    settings.check_hit_ratio_mode(cfg.hit_ratio, where(settings.HIT_RATIO_KEY))
     for name in ("time_scale", "min_query_tokens_per_second", "block_size", "page_size"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (

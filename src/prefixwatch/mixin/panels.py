@@ -14,15 +14,21 @@ from prefixwatch.core.rulenames import (
     ALERT_LOW,
     ALERT_PATTERN,
     MODEL,
+    MODEL_TIER,
     R_ACHIEVABLE,
+    R_LEDGER_SHARE,
     R_MISSED,
     R_SAVED_SHARE,
     R_TTFT,
     r_hits,
+    r_prompt,
     r_ratio,
+    r_recomputed,
+    r_tier_tokens,
 )
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.layout import Placed
+from prefixwatch.mixin.promql import tier_rates
 from prefixwatch.mixin.sources import Source
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -59,18 +65,25 @@ class Panels:
             parts.append(self.cfg.matchers.strip().rstrip(","))
         return "{" + ",".join(parts) + "}"
 
-    def sel(self, metric: str) -> str:
-        return metric + self.matchers()
+    def sel(self, metric: str, extra: str = "") -> str:
+        scope = self.matchers()
+        if extra:
+            scope = scope[:-1] + ("," if scope != "{}" else "") + extra + "}"
+        return metric + scope
 
     def recorded(self, name: str, extra: str = "") -> str:
         inner = self.matchers(raw=False)[:-1] + (f",{extra}" if extra else "") + "}"
         return name + inner
 
-    def rate(self, metric: str) -> str:
-        return f"rate({self.sel(metric)}[$__rate_interval])"
+    def rate(self, metric: str, extra: str = "") -> str:
+        return f"rate({self.sel(metric, extra)}[$__rate_interval])"
+
+    def hits_rate(self) -> str:
+        """The device tier's hits per second (SGLang's family counts every tier)."""
+        return self.rate(self.s.hits, self.s.hits_matchers)
 
     def ratio(self, by: str) -> str:
-        hits = f"sum by ({by}) ({self.rate(self.s.hits)})"
+        hits = f"sum by ({by}) ({self.hits_rate()})"
         queries = f"sum by ({by}) ({self.rate(self.s.queries)})"
         return f"{hits}\n/\n({queries} > 0)"
 
@@ -129,7 +142,7 @@ class Panels:
             title="Prefill tokens saved per second",
             description="Prompt tokens per second served from the prefix cache instead of "
                         "being prefilled: the GPU work the cache saves right now.",
-            targets=[self.target(f"sum ({self.rate(self.s.hits)})", "tokens/s", "A")],
+            targets=[self.target(f"sum ({self.hits_rate()})", "tokens/s", "A")],
             format="short", decimals=0, reduceCalc="lastNotNull",
             thresholds=[g.Threshold("blue", 0, 0.0)]), w, h)
 
@@ -175,9 +188,39 @@ class Panels:
                                  "TTFT p95 {{model_name}}", "C")],
             unit="percentunit", valueMin=0, overrides=overrides), w, h)
 
+    def tier_share(self, w: int = 12, h: int = 8) -> None:
+        """Stacked share of prompt tokens by the tier that served them, and recomputed."""
+        t = self.s.tiers
+        if t is None:
+            return
+        if self.one:
+            tiers = tier_rates(t, lambda m, x: self.rate(m, x), lambda e: f"sum by (tier) ({e})",
+                               "")
+            total = f"sum ({self.rate(t.total)})"
+            recomputed = f"clamp_min({total} - sum ({tiers}), 0)"
+        else:
+            tiers = f"sum by (tier) ({self.recorded(r_tier_tokens(MODEL_TIER, '5m'))})"
+            total = f"sum ({self.recorded(r_prompt(MODEL, '5m'))})"
+            recomputed = f"sum ({self.recorded(r_recomputed(MODEL, '5m'))})"
+        self.add(g.TimeSeries(
+            title="Prompt tokens by cache tier",
+            description="Share of prompt tokens served by each cache tier (device = HBM, host = "
+                        "CPU offload or HiCache, disk, remote, unknown = a connector that does "
+                        "not say) and recomputed, stacked to 100%. The effective hit rate is "
+                        "everything but recomputed; the device band alone is the device hit "
+                        f"rate. The hit-rate alerts judge the {self.cfg.hit_ratio} one. A "
+                        "shrinking device band over a steady total: the working set outgrew "
+                        "HBM and TTFT pays the loads (PrefixCacheDeviceShareLow); a fed tier "
+                        "with no band: PrefixCacheTierIdle.",
+            targets=[self.target(f"({tiers})\n/ ignoring (tier) group_left ()\n({total} > 0)",
+                                 "{{tier}}", "A"),
+                     self.target(f"{recomputed}\n/\n({total} > 0)", "recomputed", "B")],
+            unit="percentunit", valueMin=0, valueMax=1,
+            stacking={"mode": "normal", "group": "A"}, fillOpacity=50), w, h)
+
     def cached_vs_computed(self, w: int = 12, h: int = 8) -> None:
-        cached = f"sum ({self.rate(self.s.hits)})"
-        computed = f"sum ({self.rate(self.s.queries)})\n-\nsum ({self.rate(self.s.hits)})"
+        cached = f"sum ({self.hits_rate()})"
+        computed = f"sum ({self.rate(self.s.queries)})\n-\nsum ({self.hits_rate()})"
         self.add(g.TimeSeries(
             title="Prompt tokens: cached vs computed",
             description="Prompt tokens per second served from cache (saved) and prefilled "
@@ -298,6 +341,32 @@ class Panels:
                      self.target(self.recorded(R_ACHIEVABLE), "achievable {{model_name}}", "B")],
             unit="percentunit", valueMin=0, valueMax=1, thresholdsStyleMode="line",
             thresholds=self.hit_thresholds()), w, h)
+
+    def where_misses_go(self, w: int = 12, h: int = 8) -> None:
+        """The ledger's shares per model as bars, TTFT beside them on the right axis."""
+        assert self.s.ttft_bucket
+        missed = self.recorded(R_LEDGER_SHARE, 'part!="achieved"')
+        overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
+                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                     {"id": "unit", "value": "s"}, {"id": "min", "value": 0},
+                                     {"id": "custom.drawStyle", "value": "line"},
+                                     {"id": "custom.stacking",
+                                      "value": {"mode": "none", "group": "B"}}]}]
+        self.add(g.TimeSeries(
+            title="Where the misses go",
+            description="The hit-rate ledger (5m, needs the exporter's --requests-log): the "
+                        "missed prompt tokens of each model as stacked shares, with the hit "
+                        "rate they leave: novel (no earlier request shares it: nothing to "
+                        "win), layout (a varying span near the top: move it down), routing "
+                        "(cached on another replica: prefix-aware routing), eviction (the pool "
+                        "lost it: a larger pool or a host tier), unexplained (the engines' "
+                        "cached tokens against the replay, signed). TTFT p50 on the right "
+                        f"axis. {self.cfg.runbook('the-hit-rate-ledger')}",
+            targets=[self.target(missed, "{{model_name}} {{part}}", "A"),
+                     self.target(self.recorded(R_TTFT, 'quantile="0.5"'),
+                                 "TTFT p50 {{model_name}}", "B")],
+            unit="percentunit", valueMin=0, drawStyle="bars", fillOpacity=60,
+            stacking={"mode": "normal", "group": "A"}, overrides=overrides), w, h)
 
     def capacity(self, w: int = 12, h: int = 8) -> None:
         overrides = [{"matcher": {"id": "byRegexp", "options": "share saved.*"},

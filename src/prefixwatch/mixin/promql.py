@@ -3,8 +3,12 @@ label lists of every aggregation (so a cluster label reaches each ``by``/``on`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from prefixwatch.core.names import L_TIER
+from prefixwatch.core.tiers import TIER_UNKNOWN
 from prefixwatch.mixin.config import MixinConfig
-from prefixwatch.mixin.sources import Source, source
+from prefixwatch.mixin.sources import Source, TierSeries, source
 
 _REGEX_SPECIAL = set(".^$*+?()[]{}|\\")
 
@@ -28,6 +32,26 @@ def promql_string(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def tier_rates(t: TierSeries, rate: Callable[[str, str], str], by: Callable[[str], str],
+               on: str) -> str:
+    """Cached prompt tokens per second by tier: the engine's split mapped to prefixwatch's
+    tiers (a label_replace chain, the last matching regex wins), or, for a group without it,
+    the fallback counters. ``rate(metric, matchers)`` reads a counter, ``by`` aggregates by
+    the group's labels and ``tier``, ``on`` lists the group's labels."""
+    if t.mapping:
+        main = f'label_replace({rate(t.cached, "")}, "{L_TIER}", "{TIER_UNKNOWN}", "", "")'
+        for regex, tier in t.mapping:
+            main = f'label_replace({main}, "{L_TIER}", "{tier}", "{t.label}", "{regex}")'
+    else:
+        main = rate(t.cached, f'{t.label}=~".+"')
+    primary = by(main)
+    if not t.fallback:
+        return primary
+    alts = "\nor\n".join(by(f'label_replace({rate(metric, "")}, "{L_TIER}", "{tier}", "", "")')
+                          for metric, tier in t.fallback)
+    return f"{primary}\nor\n(\n({alts})\nunless on ({on})\n{primary}\n)"
+
+
 class Exprs:
     """Expressions for one source under one config."""
 
@@ -40,9 +64,13 @@ class Exprs:
         cluster = (self.cfg.cluster_label,) if self.cfg.cluster_label else ()
         return ", ".join((*cluster, *names))
 
-    def sel(self, metric: str) -> str:
-        selector = self.cfg.selector
-        return f"{metric}{{{selector}}}" if selector else metric
+    def sel(self, metric: str, extra: str = "") -> str:
+        parts = [p for p in (self.cfg.selector, extra) if p]
+        return f"{metric}{{{','.join(parts)}}}" if parts else metric
+
+    def hits_sel(self) -> str:
+        """The device tier's hits counter, with its matchers (SGLang's device source)."""
+        return self.sel(self.src.hits, self.src.hits_matchers)
 
     def w(self, window: str) -> str:
         return self.cfg.scaled(window)

@@ -15,23 +15,37 @@ from prefixwatch.core import names
 from prefixwatch.core.rulenames import (
     MODEL,
     MODEL_TARGET,
+    MODEL_TARGET_TIER,
+    MODEL_TIER,
     R_ACHIEVABLE,
     R_BASELINE,
+    R_EFFECTIVE_BASELINE,
     R_KV,
+    R_LEDGER_SHARE,
+    R_LEDGER_TOKENS,
     R_MISSED,
+    R_OFFLOAD_FAILED,
     R_PREEMPT,
     R_PROMPT_LEN,
     R_RESETS,
     R_SAVED_SHARE,
+    R_TIER_ACTIVE,
     R_TTFT,
     R_TTFT_TARGET,
     R_WAITING,
     TARGET_WINDOWS,
+    r_cached,
+    r_effective,
     r_hits,
+    r_lower_tier,
+    r_prompt,
     r_queries,
     r_ratio,
+    r_recomputed,
+    r_tier_tokens,
 )
-from prefixwatch.mixin.promql import Exprs
+from prefixwatch.core.tiers import TIER_DEVICE
+from prefixwatch.mixin.promql import Exprs, tier_rates
 
 
 class Recording(Exprs):
@@ -51,20 +65,21 @@ class Recording(Exprs):
         def rec(name: str, expr: str) -> None:
             rules.append({"record": name, "expr": expr})
 
-        for w in self.cfg.windows:
+        for w in self.cfg.recorded_windows:
             rec(r_queries(MODEL, w), self.by_model(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
-            rec(r_hits(MODEL, w), self.by_model(f"rate({self.sel(s.hits)}[{self.w(w)}])"))
+            rec(r_hits(MODEL, w), self.by_model(f"rate({self.hits_sel()}[{self.w(w)}])"))
             rec(r_ratio(MODEL, w), f"{r_hits(MODEL, w)} / ({r_queries(MODEL, w)} > 0)")
         for w in TARGET_WINDOWS:
             rec(r_queries(MODEL_TARGET, w),
                 self.by_target(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
-            rec(r_hits(MODEL_TARGET, w), self.by_target(f"rate({self.sel(s.hits)}[{self.w(w)}])"))
+            rec(r_hits(MODEL_TARGET, w), self.by_target(f"rate({self.hits_sel()}[{self.w(w)}])"))
             rec(r_ratio(MODEL_TARGET, w),
                 f"{r_hits(MODEL_TARGET, w)} / ({r_queries(MODEL_TARGET, w)} > 0)")
         base, offset = self.w("2h"), self.w("1h")
         rec(R_BASELINE,
-            self.by_model(f"rate({self.sel(s.hits)}[{base}] offset {offset})") + "\n/\n(" +
+            self.by_model(f"rate({self.hits_sel()}[{base}] offset {offset})") + "\n/\n(" +
             self.by_model(f"rate({self.sel(s.queries)}[{base}] offset {offset})") + " > 0)")
+        rules.extend(self.tier_rules())
         cold = self.w(self.cfg.cold_start)
         rec(R_RESETS, self.by_model(f"resets({self.sel(s.queries)}[{cold}])", op="max"))
         for name, bucket, quantiles, per_target in (
@@ -99,4 +114,91 @@ class Recording(Exprs):
         rec(R_MISSED,
             f"clamp_min({R_ACHIEVABLE} - {on_model} {r_ratio(MODEL, '5m')}, 0)\n"
             f"* {on_model} {r_queries(MODEL, '5m')}")
+        rules.extend(self.ledger_rules())
         return rules
+
+    def ledger_rules(self) -> list[dict[str, Any]]:
+        """The hit-rate ledger's parts per model (the exporter's, from a request log): its
+        counted parts, the engines' cached tokens of every tier as ``achieved`` and
+        ``unexplained = pool_reach - achieved``, so the shares sum to 1. Only the exporter
+        has a ledger; absent without a request log."""
+        if self.src.name != "exporter":
+            return []
+        tokens, w5 = f"{names.OUT_LEDGER_TOKENS.name}_total", self.w("5m")
+        on = f"on ({self.labels(MODEL)})"
+
+        def part(matcher: str, *extra: str) -> str:
+            sel = self.sel(tokens, f'{names.L_PART}{matcher}')
+            return self.by_model(f"rate({sel}[{w5}])", *extra)
+
+        achieved = r_cached(MODEL, "5m") if self.src.tiers else r_hits(MODEL, "5m")
+        prompt, pool = part('="prompt"'), part('="pool_reach"')
+        missed = "|".join(p for p in names.LEDGER_SHARES if p in names.LEDGER_COUNTED)
+        by_part = "\nor\n".join((
+            part(f'=~"{missed}"', names.L_PART),
+            f'label_replace({achieved} and {on} {prompt}, "{names.L_PART}", "achieved", "", "")',
+            f'label_replace({pool} - {on} {achieved}, "{names.L_PART}", "unexplained", "", "")'))
+        return [{"record": R_LEDGER_TOKENS, "expr": by_part},
+                {"record": R_LEDGER_SHARE,
+                 "expr": f"{R_LEDGER_TOKENS}\n/ {on} group_left ()\n({prompt} > 0)"}]
+
+    def tier_rates(self, window: str, per_target: bool) -> str:
+        """Cached prompt tokens per second by tier over ``window`` (e.g. '[5m] offset 1h')."""
+        t = self.src.tiers
+        assert t is not None
+        extra = ("target",) if per_target else ()
+
+        def by(expr: str) -> str:
+            return (self.by_target(expr, "tier") if per_target
+                    else self.by_model(expr, "tier"))
+
+        return tier_rates(t, lambda m, x: f"rate({self.sel(m, x)}{window})", by,
+                          self.labels(MODEL, *extra))
+
+    def tier_rules(self) -> list[dict[str, Any]]:
+        """Tokens by tier, the effective ratio, what no tier served and what a second tier
+        does: the hit-rate alerts judge the effective ratio (MixinConfig.hit_ratio)."""
+        t, out = self.src.tiers, []
+        if t is None:
+            return out
+
+        def rec(name: str, expr: str) -> None:
+            out.append({"record": name, "expr": expr})
+
+        levels = [(MODEL, MODEL_TIER, w, False) for w in self.cfg.recorded_windows]
+        levels += [(MODEL_TARGET, MODEL_TARGET_TIER, w, True) for w in TARGET_WINDOWS]
+        for level, tier_level, w, per_target in levels:
+            group = self.labels(MODEL, *(("target",) if per_target else ()))
+            on = f"on ({group})"
+            agg = self.by_target if per_target else self.by_model
+            rec(r_tier_tokens(tier_level, w), self.tier_rates(f"[{self.w(w)}]", per_target))
+            rec(r_cached(level, w), f"sum by ({group}) ({r_tier_tokens(tier_level, w)})")
+            rec(r_prompt(level, w), agg(f"rate({self.sel(t.total)}[{self.w(w)}])"))
+            rec(r_effective(level, w), f"{r_cached(level, w)} / ({r_prompt(level, w)} > 0)")
+            rec(r_recomputed(level, w),
+                f"clamp_min({r_prompt(level, w)} - {on} {r_cached(level, w)}, 0)")
+            if not per_target and w in ("5m", "15m"):
+                device = f'{r_tier_tokens(tier_level, w)}{{tier="{TIER_DEVICE}"}}'
+                rec(r_lower_tier(level, w),
+                    f"({r_cached(level, w)} - {on} {device})\n/ {on}\n"
+                    f"(({r_prompt(level, w)} - {on} {device}) > 0)")
+        base, offset = self.w("2h"), self.w("1h")
+        cached = self.by_model(self.tier_rates(f"[{base}] offset {offset}", False))
+        rec(R_EFFECTIVE_BASELINE, cached + "\n/\n(" + self.by_model(
+            f"rate({self.sel(t.total)}[{base}] offset {offset})") + " > 0)")
+        w15 = self.w("15m")
+        signals = [f"{self.by_model(f'rate({self.sel(m, x)}[{w15}])')} > 0"
+                   for m, x in t.active_counters]
+        signals += [f"{self.by_model(f'max_over_time({self.sel(g)}[{w15}])', op='max')} > 0"
+                    for g in t.active_gauges]
+        if signals:
+            rec(R_TIER_ACTIVE, f"count by ({self.labels(MODEL)}) (\n" + "\nor\n".join(signals)
+                + "\n)")
+        if t.offload_outcomes:
+            failed = f'{t.offload_label}=~"{"|".join(t.offload_failed)}"'
+            tried = f'{t.offload_label}=~"{"|".join((t.offload_stored, *t.offload_failed))}"'
+            rec(R_OFFLOAD_FAILED,
+                self.by_target(f"rate({self.sel(t.offload_outcomes, failed)}[{w15}])")
+                + "\n/\n(" +
+                self.by_target(f"rate({self.sel(t.offload_outcomes, tried)}[{w15}])") + " > 0)")
+        return out

@@ -8,14 +8,78 @@ mixin spells a raw series name.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names, schemas
+from prefixwatch.core import names, schemas, tiers
 from prefixwatch.core.errors import ConfigError
 
 SOURCES = ("exporter", "vllm", "sglang")
 #: Labels of the exporter's own series (its job and address), in the promtool tests.
 EXPORTER_JOB = {"job": "prefixwatch", "instance": f"prefixwatch:{names.DEFAULT_PORT}"}
+
+
+@dataclass(frozen=True)
+class TierSeries:
+    """Where one source counts cached prompt tokens by tier, and what shows a second tier at
+    work. Facts and label values come from core/tiers.py (checked in docs/tiers.md)."""
+
+    #: Counter of cached prompt tokens, split by ``label`` (the engine's source, or our tier).
+    cached: str
+    label: str
+    #: The effective ratio's denominator: prompt tokens that looked up the cache.
+    total: str
+    #: (regex of ``label`` values, tier), applied in order after "unknown": the last match
+    #: wins. Empty: ``label`` already holds our tier.
+    mapping: tuple[tuple[str, str], ...] = ()
+    #: (counter, tier) standing in when ``cached`` is absent (vLLM before by-source counters).
+    fallback: tuple[tuple[str, str], ...] = ()
+    #: The ``label`` value the engine writes for each of our tiers (the promtool tests').
+    written: tuple[tuple[str, str], ...] = ((tiers.TIER_DEVICE, tiers.TIER_DEVICE),
+                                            (tiers.TIER_HOST, tiers.TIER_HOST))
+    #: Counters (with matchers) whose rate > 0, and gauges > 0, show a second tier taking data.
+    active_counters: tuple[tuple[str, str], ...] = ()
+    active_gauges: tuple[str, ...] = ()
+    #: The offload connector's store outcomes: the counter, its label, the lost outcomes and
+    #: the successful one (None: the engine does not count lost stores).
+    offload_outcomes: str | None = None
+    offload_label: str = ""
+    offload_failed: tuple[str, ...] = ()
+    offload_stored: str = ""
+
+    def written_value(self, tier: str) -> str:
+        return dict(self.written)[tier]
+
+
+def _alternation(values: list[str]) -> str:
+    return "|".join(values)
+
+
+def _vllm_mapping() -> tuple[tuple[str, str], ...]:
+    by_tier: dict[str, list[str]] = {}
+    for value in tiers.VLLM_CACHED_SOURCES:
+        by_tier.setdefault(tiers.vllm_source_tier(value), []).append(value)
+    return tuple((_alternation(v), tier) for tier, v in by_tier.items()
+                 if tier != tiers.TIER_UNKNOWN)
+
+
+def _sglang_mapping() -> tuple[tuple[str, str], ...]:
+    storage = tiers.SGLANG_STORAGE_PREFIX
+    return ((f"{storage}.+", tiers.TIER_REMOTE),
+            (_alternation([storage + b for b in sorted(tiers.SGLANG_LOCAL_DISK_BACKENDS)]),
+             tiers.TIER_DISK),
+            (f"{storage}unknown", tiers.TIER_UNKNOWN),
+            (tiers.SGLANG_SOURCE_DEVICE, tiers.TIER_DEVICE),
+            (tiers.SGLANG_SOURCE_HOST, tiers.TIER_HOST))
+
+
+def tier_of(series: TierSeries, value: str) -> str:
+    """The tier the recording rules give one ``label`` value (mirrors the PromQL chain)."""
+    out = tiers.TIER_UNKNOWN if series.mapping else value
+    for regex, tier in series.mapping:
+        if re.fullmatch(regex, value):
+            out = tier
+    return out
 
 
 @dataclass(frozen=True)
@@ -43,6 +107,9 @@ class Source:
     engine: str = "vllm"
     #: Labels a raw series of one replica carries besides job, replica and model.
     sample_extra: dict[str, str] = field(default_factory=dict)
+    #: Matchers that keep the device tier of ``hits`` (SGLang counts every tier in one family).
+    hits_matchers: str = ""
+    tiers: TierSeries | None = None
 
     @property
     def title(self) -> str:
@@ -75,10 +142,44 @@ def _exporter() -> Source:
         kv_usage=names.OUT_KV_USAGE.name, preemptions=counter(names.OUT_PREEMPTIONS),
         running=names.OUT_RUNNING.name, waiting=names.OUT_WAITING.name,
         target_up=names.OUT_TARGET_UP.name, scrape_errors=counter(names.OUT_SCRAPE_ERRORS),
-        sample_extra={names.L_ENGINE: "0", names.L_SERVER: "vllm"})
+        sample_extra={names.L_ENGINE: "0", names.L_SERVER: "vllm"},
+        tiers=TierSeries(
+            cached=counter(names.OUT_PROMPT_TOKENS_CACHED_BY_TIER), label=names.L_TIER,
+            total=counter(names.OUT_PROMPT_TOKENS),
+            fallback=((counter(names.OUT_HITS), tiers.TIER_DEVICE),
+                      (counter(names.OUT_EXT_HITS), tiers.TIER_UNKNOWN)),
+            active_counters=((counter(names.OUT_EXT_QUERIES), ""),)))
 
 
-def _engine(name: str, schema: schemas.SourceSchema, extra: dict[str, str]) -> Source:
+def _vllm_tiers() -> TierSeries:
+    failed = _alternation(list(tiers.VLLM_OFFLOAD_OUTCOMES_FAILED))
+    return TierSeries(
+        cached=tiers.VLLM_CACHED_BY_SOURCE, label=tiers.VLLM_SOURCE_LABEL,
+        total=tiers.VLLM_DEVICE_QUERIES, mapping=_vllm_mapping(),
+        fallback=((tiers.VLLM_DEVICE_HITS, tiers.TIER_DEVICE),
+                  (tiers.VLLM_EXTERNAL_HITS, tiers.TIER_UNKNOWN)),
+        active_counters=((tiers.VLLM_EXTERNAL_QUERIES, ""),
+                         (tiers.VLLM_OFFLOAD_SAVE_OUTCOMES,
+                          f'{tiers.VLLM_OFFLOAD_OUTCOME_LABEL}='
+                          f'"{tiers.VLLM_OFFLOAD_OUTCOME_STORED}"')),
+        active_gauges=(tiers.VLLM_OFFLOAD_USED_BLOCKS,),
+        offload_outcomes=tiers.VLLM_OFFLOAD_SAVE_OUTCOMES,
+        offload_label=tiers.VLLM_OFFLOAD_OUTCOME_LABEL, offload_failed=(failed,),
+        offload_stored=tiers.VLLM_OFFLOAD_OUTCOME_STORED)
+
+
+def _sglang_tiers() -> TierSeries:
+    return TierSeries(
+        cached=tiers.SGLANG_CACHED_BY_SOURCE, label=tiers.SGLANG_SOURCE_LABEL,
+        total=schemas.SGLANG.prompt_tokens or "", mapping=_sglang_mapping(),
+        written=((tiers.TIER_DEVICE, tiers.SGLANG_SOURCE_DEVICE),
+                 (tiers.TIER_HOST, tiers.SGLANG_SOURCE_HOST)),
+        active_counters=((tiers.SGLANG_HICACHE_BACKUP_TOKENS, ""),),
+        active_gauges=(tiers.SGLANG_HICACHE_HOST_USED,))
+
+
+def _engine(name: str, schema: schemas.SourceSchema, extra: dict[str, str],
+            tier_series: TierSeries, hits_matchers: str = "") -> Source:
     assert schema.queries and schema.hits, f"{schema.schema} has no prefix-cache counters"
     return Source(
         name, queries=schema.queries, hits=schema.hits, replica_label="instance",
@@ -86,13 +187,19 @@ def _engine(name: str, schema: schemas.SourceSchema, extra: dict[str, str]) -> S
         prompt_tokens=schema.prompt_tokens, prompt_tokens_cached=schema.prompt_tokens_cached,
         ttft_bucket=_bucket(schema.ttft), prompt_len_bucket=_bucket(schema.prompt_len),
         kv_usage=schema.kv_usage, preemptions=schema.preemptions, running=schema.running,
-        waiting=schema.waiting, engine=schema.server, sample_extra=extra)
+        waiting=schema.waiting, engine=schema.server, sample_extra=extra,
+        hits_matchers=hits_matchers, tiers=tier_series)
 
 
 _TABLE: dict[str, Source] = {
     "exporter": _exporter(),
-    "vllm": _engine("vllm", schemas.VLLM_V1, {schemas.VLLM_V1.engine_labels[0]: "0"}),
-    "sglang": _engine("sglang", schemas.SGLANG, {}),
+    "vllm": _engine("vllm", schemas.VLLM_V1, {schemas.VLLM_V1.engine_labels[0]: "0"},
+                    _vllm_tiers()),
+    # sglang:cached_tokens_total counts every tier: the device ratio keeps all but host and
+    # storage (``total`` and a missing label are builds without per-source detail).
+    "sglang": _engine("sglang", schemas.SGLANG, {}, _sglang_tiers(),
+                      hits_matchers=f'{tiers.SGLANG_SOURCE_LABEL}!~"{tiers.SGLANG_SOURCE_HOST}|'
+                                    f'{tiers.SGLANG_STORAGE_PREFIX}.+"'),
 }
 
 
