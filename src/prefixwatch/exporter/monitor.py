@@ -2,6 +2,9 @@
 
 A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
 in ``scrape_errors``, and logged once when the state changes (not on every poll).
+
+Why it is over 400 lines: polling, the reset-safe history and the window figures of one
+target share one lock and one state; the window math itself lives in core/windows.py.
 """
 
 from __future__ import annotations

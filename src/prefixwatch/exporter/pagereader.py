@@ -4,6 +4,9 @@ A vLLM page holds about 90 families; prefixwatch reads about a dozen. Parsing th
 with client_python costs ~9 ms, so the page is first cut down to the lines of the wanted
 families (a cheap string scan), and only those lines go through client_python's parser. The
 parser itself is never re-implemented here.
+
+Why it is over 400 lines: the selective parser, its limits (series, models, buckets, label
+length) and the tier reading are one pass over the page, kept together for speed.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ The cases are written once, in terms of traffic (prompt tokens per second and hi
 time), and rendered for each source with that source's raw series names and labels, so the
 exporter, vLLM and SGLang rule files are all held to the same behaviour. Run them with
 ``promtool test rules alerts/tests/*.yml``.
+
+Why it is over 400 lines: the traffic cases are data (one per alert, firing / not yet /
+never, per tier), rendered for every source; the cluster cases are in clustertests.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The dashboards' panels: PromQL and texts for one source, one config and one scope (all
 replicas, or one). Every threshold, selector and text comes from the MixinConfig; a panel whose
 series the source lacks (SGLang has no external cache, no prompt-length histogram) is left out.
+
+Why it is over 400 lines: one method per panel, each mostly its on-call text; splitting
+them by dashboard would scatter panels that share their PromQL helpers.
 """
 
 from __future__ import annotations
