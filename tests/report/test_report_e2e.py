@@ -75,7 +75,9 @@ def test_hit_ratios_match_the_simulator(run) -> None:
 def test_writes_html_markdown_and_figures(run) -> None:
     _, written, _ = run
     names = sorted(p.name for p in written.figures)
-    assert names == ["figure1-hit-ratio-ttft.png", "figure1-hit-ratio-ttft.svg"]
+    # Figure 2 from the exporter's tier series; figure 3 needs a request log (the ledger).
+    assert names == ["figure1-hit-ratio-ttft.png", "figure1-hit-ratio-ttft.svg",
+                     "figure2-tiers.png", "figure2-tiers.svg"]
     assert written.figures[0].read_bytes().startswith(b"\x89PNG")
     md = written.markdown.read_text()
     for needle in ("## Timeline", f"{rules.ALERT_LOW} (critical) firing", "resolved",
@@ -91,8 +93,8 @@ def test_report_renders_in_chromium(run, tmp_path: Path) -> None:
     _, written, _ = run
     url = written.html.resolve().as_uri()
     loaded = browser.load(url)
-    assert loaded.dom.count('class="report-figure"') == 1
-    assert loaded.dom.count('class="na"') == 2  # figures 2 and 3: their series do not exist
+    assert loaded.dom.count('class="report-figure"') == 2
+    assert loaded.dom.count('class="na"') == 1  # figure 3: no ledger without a request log
     assert loaded.console_errors == []
     shot = tmp_path / "report.png"
     assert browser.screenshot(url, shot) == []
