@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from prefixwatch.core import names
+from prefixwatch.core.rulenames import ALERT_PATTERN
 from prefixwatch.core.tiers import TIERS
 from prefixwatch.core.windows import ratio
 from prefixwatch.report.promapi import PromClient, ReportError, Series
@@ -32,14 +33,10 @@ PROMPT = names.OUT_PROMPT_TOKENS.name + "_total"
 CACHED = names.OUT_PROMPT_TOKENS_CACHED.name + "_total"
 TTFT_BUCKET = names.OUT_TTFT.name + "_bucket"
 DIAGNOSIS = names.OUT_DIAGNOSIS.name
-#: Issue 14's ledger counter (prefixwatch_ledger_tokens_total{part}); core names it once it
-#: lands, until then the name the issue gives.
-_LEDGER = getattr(names, "OUT_LEDGER_TOKENS", None)
-LEDGER = (_LEDGER.name if _LEDGER is not None else "prefixwatch_ledger_tokens") + "_total"
-L_PART = getattr(names, "L_PART", "part")
+LEDGER = names.OUT_LEDGER_TOKENS.name + "_total"
+L_PART = names.L_PART
 L_TIER = names.L_TIER
 LEDGER_PARTS = ("novel", "layout", "routing", "eviction")
-ALERT_PATTERN = "PrefixCache.*"
 TTFT_QUANTILES = (0.5, 0.95)
 MAX_POINTS_PER_SERIES = 720
 
