@@ -157,3 +157,14 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
             pass
         time.sleep(0.2)
     raise AssertionError(f"{url} not ready")
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 10) -> None:
+    """Terminate every process at once, then wait for each (killing what does not stop)."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -25,7 +25,7 @@ from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.conftest import free_port, require_binary, wait_ready
+from tests.conftest import free_port, require_binary, stop_processes, wait_ready
 
 ROOT = Path(__file__).parents[2]
 TIME_SCALE = 0.05  # 5m windows become 15s, `for: 2m` becomes 6s
@@ -146,11 +146,5 @@ def test_timestamp_regression_pages_on_call(tmp_path: Path) -> None:
         if exporter is not None:
             exporter.stop()
         sim.stop()
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
         hook.close()

@@ -31,7 +31,7 @@ from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.conftest import free_port, require_binary, wait_ready
+from tests.conftest import free_port, require_binary, stop_processes, wait_ready
 
 TIME_SCALE = 0.05  # 1m windows become 3s, 5m become 15s, `for: 2m` becomes 6s
 CLUSTER = "cluster"
@@ -162,10 +162,4 @@ def test_global_view_alerts_per_cluster_and_sums_before_dividing(tmp_path: Path)
     finally:
         for cluster in (east, west):
             cluster.stop()
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
