@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "format; see docs/configuration.md)")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
+    exp.add_argument("--kv-events", metavar="ENDPOINT",
+                     help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
+                          "e.g. tcp://localhost:5557, for the one target; several targets: "
+                          "kv_events per target in the config file")
     diag = exp.add_argument_group(
         "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
     diag.add_argument("--diagnosis-window", metavar="DURATION",
@@ -163,7 +167,8 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
         kwargs.update(interval=args.interval, listen_address=args.listen_address,
                       windows=args.window, otlp_endpoint=args.otlp_endpoint,
                       web_config_file=args.web_config_file,
-                      diagnosis_window=args.diagnosis_window, cold_start=args.cold_start)
+                      diagnosis_window=args.diagnosis_window, cold_start=args.cold_start,
+                      kv_events=args.kv_events)
         log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
                      "max_log_len": args.max_log_len, "model": args.requests_model}
         if args.requests_log:

@@ -296,7 +296,21 @@ def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: in
     first = _sibling(index, q, extra_keys, d)
     if first is None:
         return 0
-    head = _head(first, LAYOUT_SPAN + bs)
+    return layout_end_from(_like(index, q), d, first, d, bs)
+
+
+def layout_end_from(q: Sequence[int], d: int, first: Node, depth: int, bs: int) -> int:
+    """``layout_end`` against a known sibling path: ``q[d:]`` leaves the path that starts with
+    node ``first`` at the path's absolute token ``depth`` (inside ``first``'s edge, or at its
+    start); returns the index in ``q`` where the identical run ends, 0 without one.
+
+    Any node with ``edge`` (an ``array('I')``), ``end`` (absolute depth after the edge) and
+    insertion-ordered ``children`` will do: the trie's nodes, or the KV event mirror's blocks.
+    ``q`` must hold tokens as the edges do (an ``array('I')`` for packed edges)."""
+    if len(q) - d < bs + 1:
+        return 0
+    skip = depth - (first.end - len(first.edge))
+    head = _head(first, skip + LAYOUT_SPAN + bs)[skip:]
     if len(head) < bs:
         return 0
     starts = q[d:d + LAYOUT_SPAN + 1]
@@ -315,7 +329,7 @@ def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: in
         if at == -1 or at // 4 > LAYOUT_SPAN:
             continue
         t = at // 4
-        run = _run(_like(index, q), d + s + bs, first, d + t + bs)
+        run = _run(q, d + s + bs, first, depth + t + bs)
         return d + s + bs + run
     return 0
 

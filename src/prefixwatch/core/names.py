@@ -280,3 +280,104 @@ LEDGER_COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "evic
                                    "pool_reach")
 LEDGER_SHARES: tuple[str, ...] = ("achieved", "novel", "layout", "routing", "eviction",
                                   "unexplained")
+
+
+# -- KV cache events: what each engine cached, evicted and recomputed, from its own stream ----
+
+L_TYPE = "type"
+L_MEDIUM = "medium"
+L_OP = "op"
+
+OUT_KV_EVENTS_UP = OutMetric(
+    "prefixwatch_kv_events_up", "gauge",
+    "1 while the target's KV event stream is subscribed and decoding, 0 otherwise.",
+    (L_TARGET,))
+OUT_KV_EVENTS = OutMetric(
+    "prefixwatch_kv_events", "counter",
+    "KV cache events received from the target, by type (BlockStored, BlockRemoved, "
+    "AllBlocksCleared).", (L_TARGET, L_TYPE))
+OUT_KV_EVENTS_ERRORS = OutMetric(
+    "prefixwatch_kv_events_errors", "counter",
+    "KV event messages, events or blocks not used, by reason (docs: README, KV events).",
+    (L_TARGET, L_REASON))
+OUT_KV_EVENTS_LOST = OutMetric(
+    "prefixwatch_kv_events_lost", "counter",
+    "KV event messages missing by sequence number and not replayed.", (L_TARGET,))
+OUT_KV_BLOCKS = OutMetric(
+    "prefixwatch_kv_blocks", "counter",
+    "KV cache blocks the target stored or removed, by medium as the engine names it (GPU, "
+    "CPU) and op (stored, removed); copies count one each.", (L_TARGET, L_MEDIUM, L_OP))
+OUT_KV_RESIDENT = OutMetric(
+    "prefixwatch_kv_resident_blocks", "gauge",
+    "KV cache blocks the target holds now, by medium, counting copies (stored - removed).",
+    (L_TARGET, L_MEDIUM))
+OUT_KV_LIFETIME = OutMetric(
+    "prefixwatch_kv_block_lifetime_seconds", "histogram",
+    "Seconds from a block's store to its removal, observed at removal for every block (engine "
+    "timestamps).", (L_TARGET, L_MEDIUM))
+OUT_KV_COMPUTED = OutMetric(
+    "prefixwatch_kv_computed_tokens", "counter",
+    "Tokens of the device blocks the target computed (stored, no lower tier supplied them), by "
+    "why: eviction (this replica held the content before and removed it), routing (another "
+    "replica holds it), layout (the same text as an earlier chain after a short divergence), "
+    "novel (the rest).", (L_TARGET, L_MODEL, L_PART))
+OUT_KV_LOADED = OutMetric(
+    "prefixwatch_kv_loaded_tokens", "counter",
+    "Tokens of the device blocks a lower tier of the target supplied, by that tier's medium.",
+    (L_TARGET, L_MODEL, L_MEDIUM))
+OUT_KV_DIVERGENCE = OutMetric(
+    "prefixwatch_kv_divergence_position_tokens", "histogram",
+    "Token position where a new chain of cached blocks leaves the closest known chain (a "
+    "timestamp at token 8 reads 8), from the KV event stream.", (L_TARGET, L_MODEL))
+OUT_KV_DIVERGENCE_KIND = OutMetric(
+    "prefixwatch_kv_divergences", "counter",
+    "New chains of cached blocks by what varies where they leave the closest known chain "
+    "(the target's /detokenize names it; unknown without one).", (L_TARGET, L_MODEL, L_KIND))
+
+#: Why a device block had to be computed, in the order the ledger prints them.
+KV_COMPUTED_PARTS: tuple[str, ...] = ("eviction", "routing", "layout", "novel")
+KV_BLOCK_OPS: tuple[str, ...] = ("stored", "removed")
+#: The ledger part of the prompt tokens no full block covers (a tail shorter than a block),
+#: which the event stream never shows: the event ledger's own named part.
+LEDGER_TAIL = "tail"
+#: Shares of the event ledger (they sum to 1): the request ledger's, with the tail.
+KV_LEDGER_SHARES: tuple[str, ...] = ("achieved", *KV_COMPUTED_PARTS, LEDGER_TAIL, "unexplained")
+#: Buckets of the block-lifetime histogram, in seconds.
+KV_LIFETIME_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200,
+                                          21600, 86400)
+#: Limits of one exporter's mirrors: content blocks remembered per model (the oldest no replica
+#: holds are forgotten first) and resident copies per target; past them, counted reasons.
+KV_MAX_CONTENT_BLOCKS = 1_000_000
+KV_MAX_RESIDENT_BLOCKS = 2_000_000
+#: A message larger than this is dropped (too_large).
+KV_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Messages queued per subscription socket before ZMQ drops (its receive high-water mark).
+KV_RECEIVE_HWM = 10_000
+#: One replay exchange (request to the end marker) must finish within this many seconds.
+KV_REPLAY_TIMEOUT_SECONDS = 2.0
+#: Reconnect backoff of a subscription, first and longest wait.
+KV_RECONNECT_SECONDS = (0.1, 5.0)
+
+KV_ERROR_HISTORY_FULL = "history_full"
+KV_ERROR_MIRROR_FULL = "mirror_full"
+KV_ERROR_TOKENS = "token_count"
+KV_ERROR_UNKNOWN_PARENT = "unknown_parent"
+KV_ERROR_UNKNOWN_BLOCK = "unknown_block"
+#: Reasons of prefixwatch_kv_events_errors_total; each is pre-initialised to 0 per target.
+KV_ERROR_REASONS: tuple[str, ...] = (
+    "malformed_payload",   # not a msgpack KVEventBatch
+    "unknown_event_type",  # an event whose tag this version does not know (the rest is used)
+    "wrong_frame_count",   # a message of other than three frames (topic, sequence, payload)
+    "bad_sequence",        # a sequence frame that is not 8 bytes
+    "too_large",           # a message over the size limit
+    "unknown_topic",       # (listen mode) a topic no target is mapped to
+    "sequence_restart",    # the sequence went back: a restarted publisher, mirror cleared
+    "replay_timeout",      # the replay endpoint did not finish within its deadline
+    "replay_error",        # the replay endpoint answered something unusable
+    "disconnected",        # the publisher's connection dropped (or its heartbeat stopped)
+    KV_ERROR_TOKENS,       # token_ids not block_size per stored block: chain content unknown
+    KV_ERROR_UNKNOWN_PARENT,  # a parent hash never seen: the chain starts at a placeholder
+    KV_ERROR_UNKNOWN_BLOCK,   # a removal of a block never seen stored
+    KV_ERROR_MIRROR_FULL,     # resident copies past the target's cap: not mirrored
+    KV_ERROR_HISTORY_FULL,    # old content forgotten by the model's cap
+)

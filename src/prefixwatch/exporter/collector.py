@@ -10,7 +10,7 @@ import math
 import platform
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -28,6 +28,8 @@ from prefixwatch.core.ledger import ratios as ledger_ratios
 from prefixwatch.core.names import OutMetric
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
+from prefixwatch.exporter.kvevents import KvSource
+from prefixwatch.exporter.kvevents.emit import add_families as add_kv_families
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.pagereader import TIER_ROLES
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -85,6 +87,8 @@ class PrefixwatchCollector(Collector):
         #: The model a requests log belongs to (None: every model the targets serve).
         self.view_model: str | None = None
         self.round_seconds: float | None = None  # set by the poll loop
+        #: The KV event sources (exporter/kvevents), when any target has a stream.
+        self.kv_sources: Callable[[], list[KvSource]] | None = None
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families vary with what the targets show
@@ -126,6 +130,8 @@ class PrefixwatchCollector(Collector):
             self._collect_diagnosis(family)
         if self.view is not None:
             self._collect_requests(family)
+        if self.kv_sources is not None:
+            add_kv_families(family, self.kv_sources())
         yield from fam.values()
 
     def _collect_diagnosis(self, family) -> None:

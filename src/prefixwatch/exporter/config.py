@@ -33,6 +33,14 @@ class TargetConfig:
     max_models: int = names.DEFAULT_MAX_MODELS
     max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
     max_buckets: int = names.DEFAULT_MAX_BUCKETS
+    #: The engine's KV event PUB endpoint (vLLM's --kv-events-config endpoint), e.g.
+    #: tcp://vllm:5557; None: no event source for this target.
+    kv_events: str | None = None
+    #: Its replay (ROUTER) endpoint, used to fill a sequence gap.
+    kv_events_replay: str | None = None
+    #: The topic to subscribe to ("": every topic on the endpoint); in listen mode, the topic
+    #: that names this target.
+    kv_events_topic: str = ""
 
     @property
     def display_url(self) -> str:
@@ -54,6 +62,10 @@ class ExporterConfig:
     hit_ratio_mode: str = settings.DEFAULT_HIT_RATIO_MODE
     requests_log: RequestsLogConfig | None = None
     web_config_file: str | None = None
+    #: Listen mode: bind this endpoint for engines that connect out (llm-d's layout).
+    kv_events_listen: str | None = None
+    #: Listen mode: topic -> target name (besides each target's own kv_events_topic).
+    kv_events_topics: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -100,6 +112,19 @@ def validate_url(url: str) -> str:
     return url
 
 
+_ZMQ_ENDPOINT = re.compile(r"^(tcp://(\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):\d{1,5}|ipc://\S+)$")
+
+
+def validate_zmq_endpoint(endpoint: Any, where: str) -> str:
+    """A ZMQ endpoint as vLLM's --kv-events-config names one: tcp://HOST:PORT or ipc://PATH."""
+    text = str(endpoint).strip()
+    if not _ZMQ_ENDPOINT.match(text) or (text.startswith("tcp://")
+                                         and not 0 < int(text.rsplit(":", 1)[1]) < 65536):
+        raise ConfigError(f"{where}: KV events endpoint {redact_url(text)!r} is not "
+                          "tcp://HOST:PORT or ipc://PATH")
+    return text
+
+
 def default_target_name(url: str) -> str:
     """host:port, as Prometheus' instance label."""
     parts = urlsplit(url)
@@ -123,10 +148,12 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
 
 
 _LIMIT_KEYS = ("max_body_bytes", "max_series", "max_models", "max_label_length", "max_buckets")
+_KV_TARGET_KEYS = ("kv_events", "kv_events_replay", "kv_events_topic")
 _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
-                *_LIMIT_KEYS}
+                *_LIMIT_KEYS, *_KV_TARGET_KEYS}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
-             "target_defaults", "requests_log", "web_config_file",
+             "target_defaults", "requests_log", "web_config_file", "kv_events_listen",
+             "kv_events_topics",
              settings.DIAGNOSIS_KEY, settings.THRESHOLD_KEY, settings.COLD_START_KEY,
              settings.HIT_RATIO_KEY}
 _REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
@@ -178,6 +205,11 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
             **{k: int(merged[k]) for k in _LIMIT_KEYS if merged.get(k) is not None},
+            kv_events=validate_zmq_endpoint(entry["kv_events"], where)
+            if entry.get("kv_events") else None,
+            kv_events_replay=validate_zmq_endpoint(entry["kv_events_replay"], where)
+            if entry.get("kv_events_replay") else None,
+            kv_events_topic=str(entry.get("kv_events_topic") or ""),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
@@ -215,6 +247,7 @@ def build_config(
     diagnosis_window: str | None = None,
     cold_start: str | None = None,
     requests_log: dict[str, Any] | None = None,
+    kv_events: str | None = None,
     environ: dict[str, str] | None = None,
 ) -> ExporterConfig:
     """Flags win over the file, the file over the environment, the environment over defaults."""
@@ -247,6 +280,20 @@ def build_config(
         entries = [names.DEFAULT_TARGET]
         where = "default target"
     target_list = [_target_from(e, defaults, where) for e in entries]
+    if kv_events:
+        if len(target_list) != 1:
+            raise ConfigError("--kv-events is for one target (the sidecar); with several, "
+                              "give each target its kv_events in the config file")
+        target_list[0] = replace(target_list[0],
+                                 kv_events=validate_zmq_endpoint(kv_events, "--kv-events"))
+    listen = data.get("kv_events_listen")
+    if listen is not None:
+        listen = validate_zmq_endpoint(listen, f"config file {config_file!r}")
+    topics = data.get("kv_events_topics") or {}
+    if not isinstance(topics, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in topics.items()):
+        raise ConfigError(f"config file {config_file!r}: kv_events_topics must map topics to "
+                          "target names")
     file_window, file_cold, thresholds = _diagnosis_from(data, f"config file {config_file!r}")
     log_data: dict[str, Any] = {}
     if data.get("requests_log") is not None:
@@ -272,6 +319,8 @@ def build_config(
                 data.get(settings.HIT_RATIO_KEY), f"config file {config_file!r}"),
             requests_log=log_cfg,
             web_config_file=web_config_file or data.get("web_config_file") or None,
+            kv_events_listen=listen,
+            kv_events_topics=dict(topics),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
@@ -292,4 +341,8 @@ def build_config(
         raise ConfigError("'lifetime' is always exported; do not list it as a window")
     if cfg.otlp_endpoint:
         validate_url(cfg.otlp_endpoint)
+    known = {t.name for t in cfg.targets}
+    for topic, name in cfg.kv_events_topics.items():
+        if name not in known:
+            raise ConfigError(f"kv_events_topics: topic {topic!r} names no target ({name!r})")
     return cfg

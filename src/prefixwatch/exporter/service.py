@@ -30,6 +30,7 @@ from prefixwatch.exporter import scrape
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.http import BoundedHTTPServer
+from prefixwatch.exporter.kvevents import KvEvents
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
@@ -64,6 +65,9 @@ class Exporter:
         self.collector = PrefixwatchCollector(self.monitors, windows, self.state, self.view)
         if config.requests_log is not None:
             self.collector.view_model = config.requests_log.model
+        self.kv = KvEvents(config, self.single_model)
+        if self.kv.enabled:
+            self.collector.kv_sources = self.kv.all_sources
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -113,6 +117,15 @@ class Exporter:
                 listener()
             except Exception:  # an OTLP hiccup must not stop the polling
                 log.exception("after-round hook failed")
+
+    def single_model(self, target: str) -> str | None:
+        """The one model a target serves, from its last page (None: none yet, or several)."""
+        for mon in self.monitors:
+            if mon.name == target:
+                with mon.lock:
+                    models = set(mon.models)
+                return models.pop() if len(models) == 1 else None
+        return None
 
     def pool_blocks(self, replica: Hashable) -> int | None:
         """A replica's KV pool in blocks (num_gpu_blocks of its cache_config_info), for the
@@ -249,6 +262,7 @@ class Exporter:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self.kv.start()
         scheme = "https" if self.web.ssl_context else "http"
         log.info("prefixwatch %s listening on %s://%s:%d/metrics%s, polling %d target(s) "
                  "every %gs", __version__, scheme, host, self.port,
@@ -265,6 +279,7 @@ class Exporter:
         watchdog, and every thread is a daemon joined with a short timeout."""
         self._stop.set()
         scrape.abort_all()
+        self.kv.stop()
         for _ in range(self._workers):
             self._jobs.put(None)
         if self._server is not None:

@@ -1,0 +1,209 @@
+"""vLLM's KV cache event stream, decoded: ZMQ frames in, typed event batches out (pure).
+
+The wire (``vllm/distributed/kv_events.py``): a ZMQ multipart message ``(topic, sequence,
+payload)``, the sequence an 8-byte big-endian integer, the payload msgspec msgpack of
+``KVEventBatch``, a positional array ``[ts, events, data_parallel_rank]``. vLLM 0.33 encodes each
+event as a map tagged by ``"type"`` with fields at their default omitted; other releases (and
+SGLang) encode it as a positional array with the tag first. Both decode here into the same
+three kinds; unknown fields are ignored, unknown tags are counted, block hashes are 64-bit
+integers or bytes (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``).
+
+The fast path is one typed decode of the whole batch; a batch that does not fit the types is
+decoded again event by event, so one odd event costs only itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+BlockHash = int | bytes
+
+#: Reasons a message or an event is not used (prefixwatch_kv_events_errors_total).
+MALFORMED = "malformed_payload"
+UNKNOWN_TYPE = "unknown_event_type"
+FRAMES = "wrong_frame_count"
+BAD_SEQUENCE = "bad_sequence"
+TOO_LARGE = "too_large"
+
+#: Message ends of the replay protocol: the sequence -1 (8 bytes, signed big-endian).
+REPLAY_END = (-1).to_bytes(8, "big", signed=True)
+
+
+class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
+
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
+    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
+
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+
+
+class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
+    """The engine dropped every cached block (reset_prefix_cache, a restart)."""
+
+
+class _ArrayStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+
+
+class _ArrayRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+
+
+class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
+    pass
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+_ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
+
+
+class _MapBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[Event]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_ArrayEvent]
+    data_parallel_rank: int | None = None
+
+
+class _RawBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+#: The names each kind is counted under (prefixwatch_kv_events_total{type}).
+EVENT_TYPES: tuple[str, ...] = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+_STORED = (BlockStored, _ArrayStored)
+_REMOVED = (BlockRemoved, _ArrayRemoved)
+
+
+def kind_of(event: Any) -> str:
+    """``BlockStored``, ``BlockRemoved`` or ``AllBlocksCleared`` for either encoding."""
+    if isinstance(event, _STORED):
+        return "BlockStored"
+    if isinstance(event, _REMOVED):
+        return "BlockRemoved"
+    return "AllBlocksCleared"
+
+
+def is_stored(event: Any) -> bool:
+    return isinstance(event, _STORED)
+
+
+def is_removed(event: Any) -> bool:
+    return isinstance(event, _REMOVED)
+
+
+@dataclass(slots=True)
+class Batch:
+    """One decoded message: its events (either encoding) and what was not usable in it."""
+
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
+    #: Reason -> count of events dropped from this batch (unknown tags, malformed events).
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class DecodeError(ValueError):
+    """A message that cannot be used at all; ``reason`` is its counted reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class BatchDecoder:
+    """Decodes payloads; one per thread (msgspec decoders are cheap but not shared)."""
+
+    def __init__(self) -> None:
+        self._map = msgspec.msgpack.Decoder(_MapBatch)
+        self._array = msgspec.msgpack.Decoder(_ArrayBatch)
+        self._raw = msgspec.msgpack.Decoder(_RawBatch)
+        self._map_event = msgspec.msgpack.Decoder(Event)
+        self._array_event = msgspec.msgpack.Decoder(_ArrayEvent)
+        self._any = msgspec.msgpack.Decoder()
+
+    def decode(self, payload: bytes) -> Batch:
+        """The batch in ``payload``; raises DecodeError when nothing in it is usable."""
+        for decoder in (self._map, self._array):
+            try:
+                got = decoder.decode(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            return Batch(got.ts, got.events, got.data_parallel_rank)
+        return self._one_by_one(payload)
+
+    def _one_by_one(self, payload: bytes) -> Batch:
+        try:
+            raw = self._raw.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise DecodeError(MALFORMED, f"not a KVEventBatch: {exc}") from None
+        batch = Batch(raw.ts, [], raw.data_parallel_rank)
+        for item in raw.events:
+            event = self._event(item)
+            if isinstance(event, str):
+                batch.dropped[event] = batch.dropped.get(event, 0) + 1
+            else:
+                batch.events.append(event)
+        return batch
+
+    def _event(self, item: msgspec.Raw) -> Any:
+        """The event, or the reason it is dropped."""
+        for decoder in (self._map_event, self._array_event):
+            try:
+                return decoder.decode(item)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+        try:
+            value = self._any.decode(item)
+        except msgspec.DecodeError:
+            return MALFORMED
+        tag = (value.get("type") if isinstance(value, dict)
+               else value[0] if isinstance(value, list) and value else None)
+        if isinstance(tag, str) and tag not in EVENT_TYPES:
+            return UNKNOWN_TYPE
+        return MALFORMED  # a known tag whose fields do not fit, or no tag at all
+
+
+def sequence_of(frame: bytes) -> int:
+    """The 8-byte big-endian sequence number of a message (unsigned, as vLLM masks it)."""
+    if len(frame) != 8:
+        raise DecodeError(BAD_SEQUENCE, f"sequence frame of {len(frame)} bytes, not 8")
+    return int.from_bytes(frame, "big")
+
+
+def split_message(frames: list[bytes]) -> tuple[bytes, int, bytes]:
+    """``(topic, sequence, payload)`` of a published message; raises DecodeError."""
+    if len(frames) != 3:
+        raise DecodeError(FRAMES, f"{len(frames)} frame(s), not 3 (topic, sequence, payload)")
+    topic, seq, payload = frames
+    return topic, sequence_of(seq), payload

@@ -1,0 +1,453 @@
+"""A mirror of each engine's cached blocks, rebuilt from its KV event stream (pure).
+
+Block hashes are seeded per engine process, so two replicas hash the same content differently:
+identity here is *content*, the chain of token ids from the root plus the LoRA name and the
+block's extra keys (cache_salt, multimodal hashes), rebuilt from ``parent_block_hash`` and
+``token_ids``. One ``FleetContent`` per model holds every content block seen (a tree, bounded:
+the oldest blocks no replica holds are forgotten first, counted); one ``TargetMirror`` per
+engine holds its resident copies by medium and hash, with exact copy counts (vLLM can cache
+two physical copies of one content and drop them separately).
+
+Every device block a replica stores and no lower tier of it supplied was computed; it is
+classified once, when stored, by why (in tokens, ``block_size`` each):
+
+- ``eviction``: this replica held that content before and removed it;
+- ``routing``: otherwise, another replica of the model holds it now (any medium);
+- ``layout``: otherwise, the same text as an earlier chain after a short divergence
+  (``core.ledger.layout_end_from``: the request ledger's own definition);
+- ``novel``: the rest.
+
+A device block whose hash a lower tier of the same replica holds is ``loaded`` from that tier,
+not computed. Where a new chain leaves the closest known chain is kept as a token position
+(a timestamp at token 8 reads 8), with the tokens on both sides so a tokenizer can say what
+varies there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefixwatch.core import names
+from prefixwatch.core.kvevents import Batch, is_removed, is_stored
+from prefixwatch.core.ledger import layout_end_from
+
+DEVICE = "GPU"
+#: Why a device block had to be computed (prefixwatch_kv_computed_tokens_total{part}).
+COMPUTED_PARTS: tuple[str, ...] = names.KV_COMPUTED_PARTS
+#: The tokens around a divergence kept for a tokenizer (each side).
+DIVERGENCE_CONTEXT = 24
+#: Divergences waiting for a tokenizer, at most.
+MAX_PENDING_DIVERGENCES = 256
+#: Hashes of removed blocks kept per replica (a later chain may name one as its parent).
+RECENT_REMOVED = 65_536
+
+
+class Block:
+    """One content block: its tokens, its place in the chain, and who holds it."""
+
+    __slots__ = ("cid", "parent", "edge", "end", "children", "holders", "evicted")
+
+    def __init__(self, cid: int, parent: Block | None, edge: array, end: int) -> None:
+        self.cid = cid
+        self.parent = parent
+        self.edge = edge  # array('I') of block_size tokens (empty for a root)
+        self.end = end  # absolute token depth after this block
+        self.children: dict[int, Block] = {}
+        #: replica id -> resident copies, every medium; no entry at 0.
+        self.holders: dict[int, int] = {}
+        #: Bit i set: replica i removed a copy of this content.
+        self.evicted = 0
+
+
+class FleetContent:
+    """The content tree of one model, shared by its replicas' mirrors (one lock)."""
+
+    def __init__(self, model: str, max_blocks: int = names.KV_MAX_CONTENT_BLOCKS) -> None:
+        self.model = model
+        self.max_blocks = max_blocks
+        self.lock = threading.Lock()
+        self.blocks: dict[int, Block] = {}  # insertion order: the oldest first
+        self.roots: dict[Any, Block] = {}
+        self.forgotten = 0  # blocks dropped from the history by the cap
+        self._ids = 0
+
+    def root(self, key: Any) -> Block:
+        node = self.roots.get(key)
+        if node is None:
+            node = self.roots[key] = Block(hash(("root", key)), None, array("I"), 0)
+        return node
+
+    def new_replica_id(self) -> int:
+        self._ids += 1
+        return self._ids - 1
+
+    def trim(self) -> int:
+        """Forget the oldest blocks no replica holds until under the cap; returns how many."""
+        dropped = 0
+        blocks = self.blocks
+        budget = len(blocks)  # each block is looked at once at most
+        while len(blocks) > self.max_blocks and budget > 0:
+            budget -= 1
+            cid = next(iter(blocks))
+            node = blocks.pop(cid)
+            if node.holders:
+                blocks[cid] = node  # held: to the back of the line
+                continue
+            if node.parent is not None:
+                node.parent.children.pop(cid, None)
+            dropped += 1
+        self.forgotten += dropped
+        return dropped
+
+
+@dataclass
+class Divergence:
+    """Where a new chain left the closest known chain, with the tokens on both sides."""
+
+    position: int
+    before: list[int]
+    mine: list[int]
+    theirs: list[int]
+    chain_tokens: int  # the new chain's known length, for the own-content share
+
+
+@dataclass
+class Histogram:
+    """Cumulative-on-read bucket counts of one histogram series."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, run = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            run += count
+            out.append((bound, run))
+        return out
+
+
+class TargetMirror:
+    """One engine's cached blocks by medium, and what its stream says about them."""
+
+    def __init__(self, fleet: FleetContent, block_size: int = 16,
+                 max_resident: int = names.KV_MAX_RESIDENT_BLOCKS) -> None:
+        self.fleet = fleet
+        self.rid = fleet.new_replica_id()
+        self.bit = 1 << self.rid
+        self.block_size = block_size
+        self.max_resident = max_resident
+        #: medium -> block hash -> [content block or None, stored ts of each copy...]
+        self.resident: dict[str, dict[Any, list]] = {}
+        self.resident_count: dict[str, int] = {}
+        self.stored: dict[str, int] = {}
+        self.removed: dict[str, int] = {}
+        self.lifetimes: dict[str, Histogram] = {}
+        self.events: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.computed = dict.fromkeys(COMPUTED_PARTS, 0)
+        self.loaded: dict[str, int] = {}
+        self.divergence = Histogram(names.DIVERGENCE_BUCKETS)
+        self.pending: deque[Divergence] = deque(maxlen=MAX_PENDING_DIVERGENCES)
+        self._recent: dict[Any, Block] = {}
+
+    # -- feeding -------------------------------------------------------------------------------
+
+    def apply(self, batch: Batch) -> None:
+        """Apply one decoded batch (the caller has counted its message)."""
+        for reason, n in batch.dropped.items():
+            self.count_error(reason, n)
+        ts = batch.ts
+        with self.fleet.lock:
+            for event in batch.events:
+                if is_stored(event):
+                    self.events["BlockStored"] = self.events.get("BlockStored", 0) + 1
+                    self._store(event, ts)
+                elif is_removed(event):
+                    self.events["BlockRemoved"] = self.events.get("BlockRemoved", 0) + 1
+                    self._remove(event.block_hashes, event.medium or DEVICE, ts)
+                else:
+                    self.events["AllBlocksCleared"] = self.events.get("AllBlocksCleared", 0) + 1
+                    self.clear()
+            if len(self.fleet.blocks) > self.fleet.max_blocks:
+                dropped = self.fleet.trim()
+                if dropped:
+                    self.count_error(names.KV_ERROR_HISTORY_FULL, dropped)
+
+    def count_error(self, reason: str, n: int = 1) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + n
+
+    def _lookup(self, h: Any) -> Block | None:
+        for per in self.resident.values():
+            entry = per.get(h)
+            if entry is not None and entry[0] is not None:
+                return entry[0]
+        return self._recent.get(h)
+
+    def _store(self, ev: Any, ts: float) -> None:
+        hashes = ev.block_hashes
+        n = len(hashes)
+        if not n:
+            return
+        medium = ev.medium or DEVICE
+        bs = ev.block_size or self.block_size
+        self.block_size = bs
+        toks = ev.token_ids
+        if toks and len(toks) != n * bs:
+            self.count_error(names.KV_ERROR_TOKENS)
+            toks = []
+        fleet = self.fleet
+        if ev.parent_block_hash is None:
+            parent: Block | None = fleet.root(ev.lora_name)
+        else:
+            parent = self._lookup(ev.parent_block_hash)
+            if parent is None and toks:
+                self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
+                parent = fleet.root(("unknown parent", ev.lora_name, ev.parent_block_hash))
+        extra = ev.extra_keys
+        device = medium == DEVICE
+        lower = [per for m, per in self.resident.items() if m != DEVICE] if device else ()
+        res = self.resident.setdefault(medium, {})
+        blocks = fleet.blocks
+        rid, bit = self.rid, self.bit
+        chain: list[Block | None] = []
+        created_at = -1
+        computed = self.computed
+        room = self.max_resident - sum(self.resident_count.values())
+        stored_here = 0
+        for i in range(n):
+            h = hashes[i]
+            node: Block | None
+            if toks and parent is not None:
+                part = toks[i * bs:(i + 1) * bs]
+                key = extra[i] if extra and i < len(extra) else None
+                if key is not None:
+                    key = _freeze(key)
+                cid = hash((parent.cid, key, *part))
+                node = blocks.get(cid)
+                if node is None:
+                    node = Block(cid, parent, array("I", part), parent.end + bs)
+                    blocks[cid] = node
+                    parent.children[cid] = node
+                    if created_at < 0:
+                        created_at = i
+            else:
+                node = self._lookup(h)  # a lower tier's block without tokens: join by hash
+            # What this copy is, before it counts as held.
+            if device:
+                source = None
+                for per in lower:
+                    if h in per:
+                        source = per
+                        break
+                if source is not None:
+                    for m, per in self.resident.items():
+                        if per is source:
+                            self.loaded[m] = self.loaded.get(m, 0) + bs
+                    chain.append(None)
+                elif node is None:
+                    computed["novel"] += bs
+                    chain.append(None)
+                elif node.evicted & bit:
+                    computed["eviction"] += bs
+                    chain.append(None)
+                elif len(node.holders) - (rid in node.holders) > 0:
+                    computed["routing"] += bs
+                    chain.append(None)
+                else:
+                    chain.append(node)  # layout or novel: decided below
+            entry = res.get(h)
+            if entry is None:
+                if stored_here >= room:
+                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                    self.stored[medium] = self.stored.get(medium, 0) + n - i
+                    break
+                res[h] = [node, ts]
+            else:
+                if entry[0] is None:
+                    entry[0] = node
+                entry.append(ts)
+            stored_here += 1
+            if node is not None:
+                node.holders[rid] = node.holders.get(rid, 0) + 1
+                parent = node
+            else:
+                parent = None
+        else:
+            self.stored[medium] = self.stored.get(medium, 0) + n
+        self.resident_count[medium] = self.resident_count.get(medium, 0) + stored_here
+        if device and chain:
+            self._classify(chain, created_at, toks, bs)
+
+    def _classify(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
+                  bs: int) -> None:
+        """Layout or novel for the computed blocks no other part claimed."""
+        computed = self.computed
+        layout_until = -1  # blocks of the chain before this index are layout
+        if created_at >= 0:
+            new = chain[created_at]  # None: loaded, whatever its content
+            start = self._divergence(new, created_at, toks, bs) if new is not None else None
+            if start is not None:
+                first, j, depth = start
+                q = array("I", toks[created_at * bs:])
+                end = layout_end_from(q, j, first, depth, bs)
+                if end:
+                    layout_until = created_at + end // bs
+        for i, node in enumerate(chain):
+            if node is None:
+                continue
+            if created_at <= i < layout_until:
+                computed["layout"] += bs
+            else:
+                computed["novel"] += bs
+
+    def _divergence(self, new: Block, at: int, toks: Sequence[int], bs: int
+                    ) -> tuple[Block, int, int] | None:
+        """Observe where the chain that creates ``new`` leaves the closest known chain; returns
+        (the sibling's first block, the offset in ``new``, the absolute depth) for layout."""
+        parent = new.parent
+        assert parent is not None
+        sibling = None
+        for child in reversed(parent.children.values()):
+            if child is not new:
+                sibling = child
+                break
+        if sibling is None:
+            if parent.parent is not None:  # extends a known chain at its end
+                self.divergence.observe(parent.end)
+            return None
+        mine, theirs = new.edge, sibling.edge
+        j = 0
+        while j < bs and mine[j] == theirs[j]:
+            j += 1
+        position = parent.end + j
+        self.divergence.observe(position)
+        lo = at * bs + j
+        self.pending.append(Divergence(
+            position, list(toks[max(0, lo - DIVERGENCE_CONTEXT):lo]),
+            list(toks[lo:lo + DIVERGENCE_CONTEXT]),
+            _path_tokens(sibling, j, DIVERGENCE_CONTEXT), parent.end + len(toks) - at * bs))
+        return sibling, j, parent.end + j
+
+    def _remove(self, hashes: Sequence[Any], medium: str, ts: float) -> None:
+        res = self.resident.get(medium)
+        rid, bit = self.rid, self.bit
+        hist = self.lifetimes.get(medium)
+        if hist is None:
+            hist = self.lifetimes[medium] = Histogram(names.KV_LIFETIME_BUCKETS)
+        removed = 0
+        for h in hashes:
+            removed += 1
+            entry = res.get(h) if res is not None else None
+            if entry is None:
+                self.count_error(names.KV_ERROR_UNKNOWN_BLOCK)
+                continue
+            stored_at = entry.pop(1)  # the oldest copy: which one went is not said
+            node = entry[0]
+            if len(entry) == 1:
+                del res[h]
+                if node is not None:
+                    self._remember(h, node)
+            self.resident_count[medium] -= 1
+            hist.observe(max(0.0, ts - stored_at))
+            if node is not None:
+                left = node.holders.get(rid, 0) - 1
+                if left > 0:
+                    node.holders[rid] = left
+                else:
+                    node.holders.pop(rid, None)
+                node.evicted |= bit
+        self.removed[medium] = self.removed.get(medium, 0) + removed
+
+    def _remember(self, h: Any, node: Block) -> None:
+        recent = self._recent
+        recent[h] = node
+        if len(recent) > RECENT_REMOVED:
+            del recent[next(iter(recent))]
+
+    def clear(self) -> None:
+        """Every resident copy is gone (AllBlocksCleared, a restarted publisher); the content
+        stays known, and the loss is not an eviction."""
+        rid = self.rid
+        for per in self.resident.values():
+            for entry in per.values():
+                node = entry[0]
+                if node is not None:
+                    node.holders.pop(rid, None)
+        self.resident.clear()
+        self.resident_count = dict.fromkeys(self.resident_count, 0)
+        self._recent.clear()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def snapshot(self) -> MirrorSnapshot:
+        """A copy of the counters, taken under the fleet's lock, for one scrape."""
+        with self.fleet.lock:
+            return MirrorSnapshot(
+                model=self.fleet.model, block_size=self.block_size,
+                events=dict(self.events), errors=dict(self.errors),
+                stored=dict(self.stored), removed=dict(self.removed),
+                resident=dict(self.resident_count),
+                lifetimes={m: (h.cumulative(), h.total) for m, h in self.lifetimes.items()},
+                computed=dict(self.computed), loaded=dict(self.loaded),
+                divergence=(self.divergence.cumulative(), self.divergence.total))
+
+    def take_divergences(self) -> list[Divergence]:
+        with self.fleet.lock:
+            out = list(self.pending)
+            self.pending.clear()
+        return out
+
+
+@dataclass(frozen=True)
+class MirrorSnapshot:
+    model: str
+    block_size: int
+    events: dict[str, int]
+    errors: dict[str, int]
+    stored: dict[str, int]
+    removed: dict[str, int]
+    resident: dict[str, int]
+    lifetimes: dict[str, tuple[list[tuple[float, int]], float]]
+    computed: dict[str, int]
+    loaded: dict[str, int]
+    divergence: tuple[list[tuple[float, int]], float]
+
+    @property
+    def computed_tokens(self) -> int:
+        return sum(self.computed.values())
+
+
+def _path_tokens(node: Block, skip: int, want: int) -> list[int]:
+    """Up to ``want`` tokens along the most recent path from ``node``, after ``skip``."""
+    out: list[int] = []
+    while node is not None and len(out) < want:
+        out.extend(node.edge[skip:skip + want - len(out)])
+        skip = 0
+        node = next(reversed(node.children.values()), None) if node.children else None
+    return out
+
+
+def _freeze(value: Any) -> Any:
+    """An extra key as a hashable value (msgpack gives lists)."""
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    return value

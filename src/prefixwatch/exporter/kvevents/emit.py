@@ -1,0 +1,78 @@
+"""The KV event series, as rows: one reading of every source per scrape (or OTLP export).
+
+``rows`` is the one place that turns a source's state into (family, labels, value); the
+Prometheus collector and the OTLP bridge both read it, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prefixwatch.core import names
+from prefixwatch.core.kvevents import EVENT_TYPES
+from prefixwatch.core.names import OutMetric
+from prefixwatch.exporter.kvevents import error_reasons
+from prefixwatch.exporter.kvevents.source import KvSource
+
+#: Families written for every source, present even before its first message.
+ALWAYS: tuple[OutMetric, ...] = (names.OUT_KV_EVENTS_UP, names.OUT_KV_EVENTS,
+                                 names.OUT_KV_EVENTS_ERRORS, names.OUT_KV_EVENTS_LOST,
+                                 names.OUT_KV_BLOCKS, names.OUT_KV_RESIDENT)
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: OutMetric
+    labels: list[str]
+    #: A number, or for histograms ``(cumulative [(bound, count)], sum)``.
+    value: Any
+
+
+def rows(sources: Iterable[KvSource]) -> Iterator[Row]:
+    for source in sources:
+        t = source.target
+        up, lost, errors, snap = source.read()
+        yield Row(names.OUT_KV_EVENTS_UP, [t], 1.0 if up else 0.0)
+        yield Row(names.OUT_KV_EVENTS_LOST, [t], float(lost))
+        for reason, n in error_reasons(errors):
+            yield Row(names.OUT_KV_EVENTS_ERRORS, [t, reason], float(n))
+        events = snap.events if snap is not None else {}
+        for kind in EVENT_TYPES:
+            yield Row(names.OUT_KV_EVENTS, [t, kind], float(events.get(kind, 0)))
+        if snap is None:
+            continue
+        media = sorted(set(snap.stored) | set(snap.removed) | set(snap.resident))
+        for medium in media:
+            yield Row(names.OUT_KV_BLOCKS, [t, medium, "stored"],
+                      float(snap.stored.get(medium, 0)))
+            yield Row(names.OUT_KV_BLOCKS, [t, medium, "removed"],
+                      float(snap.removed.get(medium, 0)))
+            yield Row(names.OUT_KV_RESIDENT, [t, medium], float(snap.resident.get(medium, 0)))
+        for medium, hist in sorted(snap.lifetimes.items()):
+            yield Row(names.OUT_KV_LIFETIME, [t, medium], hist)
+        model = snap.model
+        for part in names.KV_COMPUTED_PARTS:
+            yield Row(names.OUT_KV_COMPUTED, [t, model, part], float(snap.computed[part]))
+        for medium, tokens in sorted(snap.loaded.items()):
+            yield Row(names.OUT_KV_LOADED, [t, model, medium], float(tokens))
+        if snap.divergence[0][-1][1]:
+            yield Row(names.OUT_KV_DIVERGENCE, [t, model], snap.divergence)
+        for kind, n in sorted(source.kinds.items()):
+            yield Row(names.OUT_KV_DIVERGENCE_KIND, [t, model, kind], float(n))
+
+
+def add_families(family, sources: Iterable[KvSource]) -> None:
+    """Add every source's rows to the collector's families (``family(metric)`` -> Metric)."""
+    from prometheus_client.utils import floatToGoString
+
+    for metric in ALWAYS:
+        family(metric)
+    for row in rows(sources):
+        fam = family(row.metric)
+        if row.metric.kind == "histogram":
+            buckets, total = row.value
+            fam.add_metric(row.labels, [(floatToGoString(b), c) for b, c in buckets], total)
+        else:
+            fam.add_metric(row.labels, row.value)

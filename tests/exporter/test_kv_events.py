@@ -1,0 +1,164 @@
+"""The KV event recordings of vLLM 0.33, replayed through real ZMQ PUB sockets on loopback into
+the exporter: block counts, residency, and why every computed token was computed."""
+
+from __future__ import annotations
+
+import zmq
+import yaml
+import pytest
+
+from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.service import Exporter
+from tests.conftest import PageServer
+from tests.exporter.kvstreams import (
+    Publisher,
+    page_of,
+    recording,
+    requests_of,
+    value,
+    wait_for,
+    zeroed,
+)
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+BS = 16
+
+
+def _truth(name: str, replica: str) -> dict[str, int]:
+    """What the per-request truth implies for one replica: prompt and cached tokens, the tokens
+    computed in whole blocks, and the tails no full block covers."""
+    rows = [r for r in requests_of(name) if r["replica"] == replica]
+    prompt = sum(len(r["prompt_token_ids"]) for r in rows)
+    cached = sum(r["cached_tokens"] for r in rows)
+    blocks = sum(len(r["prompt_token_ids"]) // BS - r["cached_tokens"] // BS for r in rows)
+    return {"prompt": prompt, "cached": cached, "computed": blocks * BS,
+            "tail": prompt - cached - blocks * BS, "requests": len(rows)}
+
+
+class Bench:
+    """Exporter + one PageServer and one Publisher per replica."""
+
+    def __init__(self, tmp_path, replicas: int, name: str) -> None:
+        self.name = name
+        self.ctx = zmq.Context()
+        self.pages = [PageServer() for _ in range(replicas)]
+        self.pubs = [Publisher(self.ctx) for _ in range(replicas)]
+        for i, page in enumerate(self.pages):
+            page.serve(zeroed(page_of(name, i)))
+        cfg = tmp_path / "exporter.yaml"
+        cfg.write_text(yaml.safe_dump({"targets": [
+            {"url": p.url, "name": f"replica-{i}", "kv_events": pub.endpoint}
+            for i, (p, pub) in enumerate(zip(self.pages, self.pubs, strict=True))]}))
+        self.exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
+                                         listen_address="127.0.0.1:0"))
+        self.exp.start()
+        for i in range(replicas):
+            wait_for(lambda i=i: value(self.exp.registry, "prefixwatch_kv_events_up",
+                                       target=f"replica-{i}") == 1.0, what="subscribed")
+        wait_for(lambda: all(m.up for m in self.exp.monitors), what="polled")
+        self.exp.tick()
+
+    def replay(self) -> None:
+        """Each message once the one before it is in: the engines' messages were seconds
+        apart, so the order across replicas is the recording's, as it was live."""
+        sent: dict[int, int] = {}
+        for msg in recording(self.name):
+            replica = int(msg.topic.split(b"@")[1].split(b"-")[1])
+            self.pubs[replica].send(msg.frames)
+            n = sent[replica] = sent.get(replica, 0) + 1
+            source = self.exp.kv.sources[f"replica-{replica}"]
+            wait_for(lambda s=source, n=n: s.messages == n, what="the message ingested")
+        for i, page in enumerate(self.pages):
+            page.serve(page_of(self.name, i))
+        polled = [m.last_polled for m in self.exp.monitors]
+        wait_for(lambda: all(m.last_polled != p and m.up
+                             for m, p in zip(self.exp.monitors, polled, strict=True)),
+                 what="the final pages polled")
+        self.exp.tick()
+
+    def v(self, name: str, **labels: str) -> float | None:
+        return value(self.exp.registry, name, **labels)
+
+    def close(self) -> None:
+        self.exp.stop()
+        for pub in self.pubs:
+            pub.close()
+        for page in self.pages:
+            page.close()
+        self.ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    bench = Bench(tmp_path, 2, "fleet")
+    bench.replay()
+    yield bench
+    bench.close()
+
+
+@pytest.fixture
+def offload(tmp_path):
+    bench = Bench(tmp_path, 1, "offload")
+    bench.replay()
+    yield bench
+    bench.close()
+
+
+def test_fleet_blocks_per_replica_and_medium_equal_the_recording(fleet) -> None:
+    expected = {"replica-0": (2400, 1702), "replica-1": (1266, 568)}
+    for target, (stored, removed) in expected.items():
+        assert fleet.v("prefixwatch_kv_blocks_total", target=target, medium="GPU",
+                       op="stored") == stored
+        assert fleet.v("prefixwatch_kv_blocks_total", target=target, medium="GPU",
+                       op="removed") == removed
+        assert fleet.v("prefixwatch_kv_resident_blocks", target=target,
+                       medium="GPU") == stored - removed
+        assert fleet.v("prefixwatch_kv_events_lost_total", target=target) == 0
+        assert fleet.v("prefixwatch_kv_events_errors_total", target=target,
+                       reason="malformed_payload") == 0
+        assert fleet.v("prefixwatch_kv_block_lifetime_seconds_count", target=target,
+                       medium="GPU") == removed
+
+
+def test_fleet_computed_parts_follow_the_per_request_truth(fleet) -> None:
+    def part(target: str, name: str) -> float:
+        got = fleet.v("prefixwatch_kv_computed_tokens_total", target=target, model_name=MODEL,
+                      part=name)
+        assert got is not None
+        return got
+
+    reqs = requests_of("fleet")
+    # Replica 1's first static request: replica 0 held the 150 blocks of the system prompt.
+    assert part("replica-1", "routing") == 150 * BS
+    # Replica 0's first static prompt after the pressure: it held those blocks and lost them.
+    assert part("replica-0", "eviction") >= 150 * BS
+    # The timestamp phase: about 149 blocks of layout per request (6 per replica).
+    per_replica = sum(1 for r in reqs if r["phase"] == "timestamp-at-top"
+                      and r["replica"] == "replica-0")
+    for target in ("replica-0", "replica-1"):
+        layout_blocks = part(target, "layout") / BS / per_replica
+        assert 149 <= layout_blocks <= 150
+        truth = _truth("fleet", target)
+        computed = sum(part(target, p) for p in ("eviction", "routing", "layout", "novel"))
+        assert computed == truth["computed"]
+
+
+def test_offload_host_hit_is_loaded_not_computed(offload) -> None:
+    t = "replica-0"
+    assert offload.v("prefixwatch_kv_blocks_total", target=t, medium="CPU", op="stored") > 0
+    assert offload.v("prefixwatch_kv_loaded_tokens_total", target=t, model_name=MODEL,
+                     medium="CPU") == 2400
+    truth = _truth("offload", t)
+    computed = sum(offload.v("prefixwatch_kv_computed_tokens_total", target=t,
+                             model_name=MODEL, part=p) for p in
+                   ("eviction", "routing", "layout", "novel"))
+    # Every stored device block is either loaded or computed; the host hit is in cached.
+    stored = offload.v("prefixwatch_kv_blocks_total", target=t, medium="GPU", op="stored")
+    assert computed + 2400 == stored * BS
+    assert computed == truth["computed"]
+    assert offload.v("prefixwatch_kv_computed_tokens_total", target=t, model_name=MODEL,
+                     part="eviction") == 0
+    for medium in ("GPU", "CPU"):
+        assert offload.v("prefixwatch_kv_resident_blocks", target=t, medium=medium) == (
+            offload.v("prefixwatch_kv_blocks_total", target=t, medium=medium, op="stored")
+            - offload.v("prefixwatch_kv_blocks_total", target=t, medium=medium, op="removed"))
