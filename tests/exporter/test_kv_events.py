@@ -3,9 +3,9 @@ the exporter: block counts, residency, and why every computed token was computed
 
 from __future__ import annotations
 
-import zmq
-import yaml
 import pytest
+import yaml
+import zmq
 
 from prefixwatch.exporter.config import build_config
 from prefixwatch.exporter.service import Exporter
@@ -162,3 +162,48 @@ def test_offload_host_hit_is_loaded_not_computed(offload) -> None:
         assert offload.v("prefixwatch_kv_resident_blocks", target=t, medium=medium) == (
             offload.v("prefixwatch_kv_blocks_total", target=t, medium=medium, op="stored")
             - offload.v("prefixwatch_kv_blocks_total", target=t, medium=medium, op="removed"))
+
+
+def _ledger(bench: Bench, target: str) -> dict[str, int]:
+    span = bench.exp.kv_ledgers.span(target, None)
+    assert span is not None
+    return {"prompt": span.prompt, **span.shares}
+
+
+@pytest.mark.parametrize("name,replicas", [("fleet", 2), ("offload", 1)])
+def test_the_event_ledger_closes_to_the_token_per_replica(tmp_path, name, replicas) -> None:
+    bench = Bench(tmp_path, replicas, name)
+    try:
+        bench.replay()
+        for i in range(replicas):
+            target = f"replica-{i}"
+            ledger = _ledger(bench, target)
+            truth = _truth(name, target)
+            assert ledger["prompt"] == truth["prompt"]
+            assert ledger["achieved"] == truth["cached"]
+            assert ledger["tail"] == truth["tail"]
+            assert ledger["unexplained"] == 0
+            assert sum(v for k, v in ledger.items() if k != "prompt") == ledger["prompt"]
+            print(name, target, ledger)
+        # The exporter's ledger families are the event source's, summed per model.
+        shares = {p: bench.v("prefixwatch_ledger_ratio", model_name=MODEL, window="1h",
+                             part=p) for p in ("achieved", "eviction", "routing", "layout",
+                                               "novel", "tail", "unexplained")}
+        assert all(v is not None for v in shares.values())
+        assert abs(sum(shares.values()) - 1.0) < 1e-9
+        assert bench.v("prefixwatch_ledger_tokens_total", model_name=MODEL, part="prompt") == (
+            sum(_truth(name, f"replica-{i}")["prompt"] for i in range(replicas)))
+    finally:
+        bench.close()
+
+
+def test_the_diagnosis_reads_the_measured_parts(fleet) -> None:
+    causes = fleet.exp.state.diagnosis.causes
+    on = {t: [c for c, v in causes[(t, MODEL)].items() if v] for t in ("replica-0", "replica-1")}
+    # The recording's misses: layout and novel (the timestamp phase, the pressure prompts)
+    # dominate; evictions of reused content and the routed static prompt are measured parts.
+    req = fleet.exp.state.requests[MODEL]
+    assert req.ledger is not None and req.ledger_unmeasured == ()
+    assert req.ledger.eviction == 2 * 150 * BS
+    assert req.ledger.routing == 150 * BS
+    assert "prefix_divergence" in on["replica-0"], on

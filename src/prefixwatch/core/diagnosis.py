@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from prefixwatch.core import names
 from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
 from prefixwatch.core.ledger import Parts
 from prefixwatch.core.settings import DEFAULT_HIT_RATIO_MODE, HIT_RATIO_DEVICE
@@ -346,3 +347,19 @@ def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dic
     elif not routing_known and not any(per_target[t]["eviction_pressure"] for t in serving):
         for t in serving:
             per_target[t]["routing_spread"] = True
+
+
+def event_evidence(shares: Mapping[str, int], prompt: int, requests: int) -> RequestEvidence:
+    """The event ledger of a window as the rules' request evidence: its parts are measured
+    (eviction from the engine's own removals, routing from the other replicas' mirrors), the
+    tails shorter than a block stand where short prompts stand (wholly novel, never cached)."""
+    tail = shares.get(names.LEDGER_TAIL, 0)
+    unshared = shares["novel"] + shares["layout"] + tail
+    parts = Parts(prompt=prompt, novel=shares["novel"] + tail, layout=shares["layout"],
+                  routing=shares["routing"], eviction=shares["eviction"],
+                  pool_reach=shares["achieved"] + shares["unexplained"],
+                  achieved=shares["achieved"], requests=requests)
+    return RequestEvidence(
+        requests=requests, prompt_tokens=prompt, cacheable_tokens=prompt - unshared,
+        long_requests=requests, long_prompt_tokens=prompt - tail,
+        long_cacheable_tokens=prompt - unshared, ledger=parts, ledger_unmeasured=())

@@ -408,3 +408,59 @@ def _run(q: Sequence[int], i: int, node: Node, depth: int) -> int:
             return run  # a difference inside this edge, or the sibling ends
         node = next(reversed(node.children.values()))
     return run
+
+
+# -- The event source: the same ledger from the engines' KV event streams ----------------------
+
+#: The event ledger's counted parts (``prompt`` and ``pool_reach`` close it, as above, with the
+#: tail as its own part) and its shares, in the order a table prints them.
+EVENT_COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "eviction",
+                                  names.LEDGER_TAIL, "pool_reach")
+EVENT_SHARES: tuple[str, ...] = names.KV_LEDGER_SHARES
+
+
+def event_shares(prompt: int, achieved: int, computed: dict[str, int], requests: int | None,
+                 block_size: int) -> dict[str, int]:
+    """The ledger of a span from the event source, in tokens, summing to ``prompt``.
+
+    ``prompt`` and ``achieved`` (cached tokens, every tier) are the engines' own counters over
+    the span; ``computed`` the event stream's computed tokens by part (whole device blocks).
+    What is left, ``prompt - achieved - computed``, is the tokens no full block covers (the
+    ``tail`` of each prompt, at most ``block_size - 1`` per request) and, past that bound or
+    below 0, ``unexplained`` (lost messages, a stream that started mid-request, preemption)."""
+    residual = prompt - achieved - sum(computed.get(p, 0) for p in names.KV_COMPUTED_PARTS)
+    bound = residual if requests is None else (block_size - 1) * max(requests, 0)
+    tail = min(max(residual, 0), max(bound, 0))
+    out = {"achieved": achieved}
+    out.update({p: computed.get(p, 0) for p in names.KV_COMPUTED_PARTS})
+    out[names.LEDGER_TAIL] = tail
+    out["unexplained"] = residual - tail
+    return out
+
+
+def event_counted(shares_: dict[str, int], prompt: int) -> dict[str, int]:
+    """The counters of ``EVENT_COUNTED`` from ``event_shares``: pool_reach = achieved +
+    unexplained, so prompt = novel + layout + routing + eviction + tail + pool_reach."""
+    out = {"prompt": prompt}
+    out.update({p: shares_[p] for p in ("novel", "layout", "routing", "eviction",
+                                         names.LEDGER_TAIL)})
+    out["pool_reach"] = shares_["achieved"] + shares_["unexplained"]
+    return out
+
+
+def event_table(shares_: dict[str, int], prompt: int) -> list[str]:
+    """The event ledger as text rows, as ``table`` prints the request ledger."""
+    notes = {"achieved": "the engines' cached tokens (every tier)",
+             "eviction": "this replica held it, then removed it",
+             "routing": "another replica held it",
+             "layout": "a prompt-layout fix would share it",
+             "novel": "no replica held it",
+             names.LEDGER_TAIL: "tails shorter than a block (never cached)",
+             "unexplained": "lost messages, preemption, a stream started mid-way"}
+    rows = [f"{'PART':<12} {'TOKENS':>12} {'SHARE':>7}", f"{'prompt':<12} {prompt:>12} "
+            f"{(1.0 if prompt else 0.0):7.1%}"]
+    for part in EVENT_SHARES:
+        v = shares_[part]
+        share = f"{v / prompt:7.1%}" if prompt else f"{'-':>7}"
+        rows.append(f"{part:<12} {v:>12} {share}  {notes[part]}")
+    return rows

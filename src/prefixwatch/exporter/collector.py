@@ -30,6 +30,7 @@ from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
 from prefixwatch.exporter.kvevents import KvSource
 from prefixwatch.exporter.kvevents.emit import add_families as add_kv_families
+from prefixwatch.exporter.kvevents.emit import add_ledger_families
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.pagereader import TIER_ROLES
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -89,6 +90,8 @@ class PrefixwatchCollector(Collector):
         self.round_seconds: float | None = None  # set by the poll loop
         #: The KV event sources (exporter/kvevents), when any target has a stream.
         self.kv_sources: Callable[[], list[KvSource]] | None = None
+        #: Their ledgers (exporter/kvevents/ledger.py): the ledger of every model they serve.
+        self.kv_ledgers = None
 
     def describe(self) -> list[Metric]:
         return []  # unchecked collector: families vary with what the targets show
@@ -128,10 +131,13 @@ class PrefixwatchCollector(Collector):
                 effective_family.add_metric([model, window], value)
         if self.state is not None:
             self._collect_diagnosis(family)
-        if self.view is not None:
-            self._collect_requests(family)
+        evented: set[str] = set()
         if self.kv_sources is not None:
             add_kv_families(family, self.kv_sources())
+        if self.kv_ledgers is not None:
+            evented = add_ledger_families(family, self.kv_ledgers, self.windows)
+        if self.view is not None:
+            self._collect_requests(family, evented)
         yield from fam.values()
 
     def _collect_diagnosis(self, family) -> None:
@@ -157,7 +163,7 @@ class PrefixwatchCollector(Collector):
                     top = max(names.DIVERGENCE_KINDS, key=lambda k: kinds.get(k, 0))
                     family(names.OUT_DIVERGENCE_TOP_KIND).add_metric([model, window, top], 1.0)
 
-    def _collect_requests(self, family) -> None:
+    def _collect_requests(self, family, evented: set[str] = frozenset()) -> None:
         assert self.view is not None
         lines = family(names.OUT_REQUESTS_LOG_LINES)
         for result in names.REQUESTS_LOG_RESULTS:
@@ -170,7 +176,7 @@ class PrefixwatchCollector(Collector):
                   sorted(self.state.requests) if self.state is not None else [])
         for model in models:
             family(names.OUT_DIVERGENCE).add_metric([model], buckets, total)
-        self._collect_ledger(family, models)
+        self._collect_ledger(family, [m for m in models if m not in evented])
 
     def _collect_ledger(self, family, models: list[str]) -> None:
         """The ledger's counters, and its window shares with the engines' cached tokens."""

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.exposition import choose_encoder
 
 from prefixwatch.core import names, schemas
-from prefixwatch.core.diagnosis import Diagnosis, diagnose
+from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter import scrape
@@ -31,6 +31,7 @@ from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
+from prefixwatch.exporter.kvevents.ledger import EventLedgers
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
@@ -66,8 +67,11 @@ class Exporter:
         if config.requests_log is not None:
             self.collector.view_model = config.requests_log.model
         self.kv = KvEvents(config, self.single_model)
+        horizon = max([*windows.values(), 2 * self.diag_seconds]) + 2 * config.interval
+        self.kv_ledgers = EventLedgers(self.kv.sources, self.monitors, horizon)
         if self.kv.enabled:
             self.collector.kv_sources = self.kv.all_sources
+            self.collector.kv_ledgers = self.kv_ledgers
         self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -103,6 +107,10 @@ class Exporter:
         """Recompute the diagnosis from the latest polls and run the after-round hooks."""
         started = time.monotonic() if started is None else started
         self.rounds += 1
+        try:
+            self.kv_ledgers.sample(time.time())
+        except Exception:  # a bug in the event ledger must not stop the polling
+            log.exception("kv event ledger failed")
         try:
             self.update_diagnosis(time.time())
         except Exception:  # a bug in a rule must not stop the polling
@@ -168,6 +176,11 @@ class Exporter:
             for model in ([wanted] if wanted else sorted(models)):
                 requests[model] = req
                 kinds[model] = kind_counts
+        for model in self.kv_ledgers.models():
+            # The event source measures the ledger: it wins over a request log's replay.
+            span = self.kv_ledgers.model_span(model, self.diag_seconds)
+            if span is not None:
+                requests[model] = event_evidence(span.shares, span.prompt, span.requests)
         result = diagnose(evidence, requests, self.config.thresholds, self.cold_seconds,
                           self.config.hit_ratio_mode)
         self.state.update(result, requests, kinds)

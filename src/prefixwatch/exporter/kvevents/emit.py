@@ -76,3 +76,27 @@ def add_families(family, sources: Iterable[KvSource]) -> None:
             fam.add_metric(row.labels, [(floatToGoString(b), c) for b, c in buckets], total)
         else:
             fam.add_metric(row.labels, row.value)
+
+
+def add_ledger_families(family, ledgers, windows: dict[str, float]) -> set[str]:
+    """The ledger families (prefixwatch_ledger_*) of every model with an event source: its
+    counters since the exporter followed the streams, its shares per window; returns those
+    models (the request log's ledger stands aside for them)."""
+    from prefixwatch.core.ledger import EVENT_COUNTED, event_counted
+
+    models = ledgers.models()
+    tokens = family(names.OUT_LEDGER_TOKENS)
+    shares = family(names.OUT_LEDGER_RATIO)
+    for model in sorted(models):
+        total = ledgers.model_span(model, None)
+        if total is not None:
+            counted = event_counted(total.shares, total.prompt)
+            for part in EVENT_COUNTED:
+                tokens.add_metric([model, part], float(counted[part]))
+        for window, seconds in windows.items():
+            span = ledgers.model_span(model, seconds)
+            if span is None or span.prompt <= 0:
+                continue
+            for part in names.KV_LEDGER_SHARES:
+                shares.add_metric([model, window, part], span.shares[part] / span.prompt)
+    return set(models)
