@@ -1,0 +1,312 @@
+"""Bad KV event input: each case counted with a reason, never a traceback, memory bounded, the
+other target unaffected. Real ZMQ sockets on 127.0.0.1, bounded in time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import msgspec
+import pytest
+import yaml
+import zmq
+
+from prefixwatch.core.kvevents import BatchDecoder
+from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.service import Exporter
+from tests.conftest import PageServer
+from tests.exporter.kvstreams import Publisher, page_of, value, wait_for
+
+enc = msgspec.msgpack.Encoder()
+
+
+def stored(hashes, parent=None, tokens=None, medium="GPU"):
+    tokens = tokens if tokens is not None else [h % 30000 for h in hashes for _ in range(16)]
+    return {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": parent,
+            "token_ids": tokens, "block_size": 16, "medium": medium}
+
+
+def batch(*events) -> bytes:
+    return enc.encode([time.time(), list(events), 0])
+
+
+def msg(seq: int, payload: bytes, topic: bytes = b"kv-events") -> list[bytes]:
+    return [topic, seq.to_bytes(8, "big"), payload]
+
+
+class Pair:
+    """An exporter with two targets: ``bad`` gets the hostile stream, ``good`` a sane one."""
+
+    def __init__(self, tmp_path, bad_endpoint: str | None = None, replay: str | None = None,
+                 ) -> None:
+        self.ctx = zmq.Context()
+        self.pages = [PageServer(), PageServer()]
+        for p in self.pages:
+            p.serve(page_of("fleet", 0))
+        self.good_pub = Publisher(self.ctx)
+        self.bad_pub = None if bad_endpoint else Publisher(self.ctx)
+        bad = {"url": self.pages[0].url, "name": "bad",
+               "kv_events": bad_endpoint or self.bad_pub.endpoint}
+        if replay:
+            bad["kv_events_replay"] = replay
+        cfg = tmp_path / "exporter.yaml"
+        cfg.write_text(yaml.safe_dump({"targets": [
+            bad, {"url": self.pages[1].url, "name": "good",
+                  "kv_events": self.good_pub.endpoint}]}))
+        self.exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
+                                         listen_address="127.0.0.1:0"))
+        self.exp.start()
+        wait_for(lambda: self.v("prefixwatch_kv_events_up", target="good") == 1.0,
+                 what="good subscribed")
+        if bad_endpoint is None:
+            wait_for(lambda: self.v("prefixwatch_kv_events_up", target="bad") == 1.0,
+                     what="bad subscribed")
+
+    def v(self, name: str, **labels: str) -> float | None:
+        return value(self.exp.registry, name, **labels)
+
+    def err(self, reason: str, target: str = "bad") -> float | None:
+        return self.v("prefixwatch_kv_events_errors_total", target=target, reason=reason)
+
+    def good_still_works(self) -> None:
+        """The good target's stream and polls go on."""
+        src = self.exp.kv.sources["good"]
+        before = src.messages
+        self.good_pub.send(msg(before, batch(stored([10**6 + before]))))
+        wait_for(lambda: src.messages == before + 1, what="the good target's message")
+        mon = next(m for m in self.exp.monitors if m.name == "good")
+        polled = mon.last_polled
+        wait_for(lambda: mon.last_polled != polled and mon.up, what="the good target polled")
+
+    def close(self) -> None:
+        self.exp.stop()
+        self.good_pub.close()
+        if self.bad_pub is not None:
+            self.bad_pub.close()
+        for p in self.pages:
+            p.close()
+        self.ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    p = Pair(tmp_path)
+    yield p
+    p.close()
+
+
+def _sent(pair: Pair, frames: list[bytes]) -> None:
+    src = pair.exp.kv.sources["bad"]
+    before = sum(src.read()[2].values()) + src.messages
+    pair.bad_pub.send(frames)
+    wait_for(lambda: sum(src.read()[2].values()) + src.messages > before, what="handled")
+
+
+def test_malformed_payload_unknown_type_and_wrong_frames_are_counted(pair) -> None:
+    _sent(pair, msg(0, b"\xc1 not msgpack"))
+    assert pair.err("malformed_payload") == 1
+    _sent(pair, msg(1, enc.encode({"not": "a batch"})))
+    assert pair.err("malformed_payload") == 2
+    # An unknown tag beside a known event: the known one is used.
+    _sent(pair, msg(2, batch({"type": "BlockTeleported", "block_hashes": [1]}, stored([7]))))
+    assert pair.err("unknown_event_type") == 1
+    assert pair.v("prefixwatch_kv_blocks_total", target="bad", medium="GPU",
+                  op="stored") == 1
+    # A known tag whose fields do not fit.
+    _sent(pair, msg(3, batch({"type": "BlockStored", "block_hashes": "nope"})))
+    assert pair.err("malformed_payload") == 3
+    pair.bad_pub.send([b"kv-events"])
+    wait_for(lambda: pair.err("wrong_frame_count") == 1, what="one-frame message counted")
+    pair.bad_pub.send([b"kv-events", b"\x00\x01", batch()])
+    wait_for(lambda: pair.err("bad_sequence") == 1, what="short sequence counted")
+    assert pair.v("prefixwatch_kv_events_lost_total", target="bad") == 0
+    pair.good_still_works()
+    assert pair.err("malformed_payload", "good") == 0
+
+
+def test_positional_events_and_bytes_hashes_decode_as_maps_do() -> None:
+    dec = BatchDecoder()
+    positional = enc.encode([1.0, [["BlockStored", [b"\x01" * 32], None, list(range(16)), 16,
+                                    None, "GPU", None, None, "extra field"],
+                                   ["BlockRemoved", [b"\x01" * 32], "GPU"],
+                                   ["AllBlocksCleared"]], 0])
+    got = dec.decode(positional)
+    assert [type(e).__name__ for e in got.events] == ["_ArrayStored", "_ArrayRemoved",
+                                                       "_ArrayCleared"]
+    assert got.events[0].block_hashes == [b"\x01" * 32] and got.events[0].medium == "GPU"
+    mixed = enc.encode([1.0, [["BlockStored", [5], None, [], 16, None], ["Mystery", 1]], None])
+    got = dec.decode(mixed)
+    assert len(got.events) == 1 and got.dropped == {"unknown_event_type": 1}
+
+
+def test_a_sequence_gap_without_replay_is_lost(pair) -> None:
+    src = pair.exp.kv.sources["bad"]
+    pair.bad_pub.send(msg(0, batch(stored([1]))))
+    pair.bad_pub.send(msg(5, batch(stored([2], parent=1))))
+    wait_for(lambda: src.messages == 2, what="both messages")
+    assert pair.v("prefixwatch_kv_events_lost_total", target="bad") == 4
+
+
+class Router:
+    """A replay endpoint as vLLM's: ROUTER, 8-byte start, (seq, payload)..., then -1."""
+
+    def __init__(self, ctx: zmq.Context, buffer: list[tuple[int, bytes]], answer: bool = True
+                 ) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.buffer, self.answer = buffer, answer
+        self.requests: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            client, _, start = self.sock.recv_multipart()
+            self.requests.append(int.from_bytes(start, "big"))
+            if not self.answer:
+                continue
+            for seq, payload in self.buffer:
+                if seq >= self.requests[-1]:
+                    self.sock.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+            self.sock.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(1)
+        self.sock.close(linger=0)
+
+
+def test_a_gap_is_filled_from_the_replay_endpoint(tmp_path) -> None:
+    ctx = zmq.Context()
+    payloads = [batch(stored([100 + i], parent=(99 + i) if i else None)) for i in range(6)]
+    router = Router(ctx, list(enumerate(payloads)))
+    pub = Publisher(ctx)
+    p = Pair(tmp_path, bad_endpoint=pub.endpoint, replay=router.endpoint)
+    try:
+        wait_for(lambda: p.v("prefixwatch_kv_events_up", target="bad") == 1.0, what="up")
+        src = p.exp.kv.sources["bad"]
+        pub.send(msg(0, payloads[0]))
+        wait_for(lambda: src.messages == 1, what="first")
+        pub.send(msg(5, payloads[5]))  # 1..4 never arrive live
+        wait_for(lambda: src.messages == 6, what="the gap replayed")
+        assert router.requests == [1]
+        assert p.v("prefixwatch_kv_events_lost_total", target="bad") == 0
+        assert p.v("prefixwatch_kv_blocks_total", target="bad", medium="GPU",
+                   op="stored") == 6
+        assert p.err("unknown_parent") == 0  # the chain is whole again
+    finally:
+        p.close()
+        router.close()
+        pub.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_replay_endpoint_that_never_answers_costs_one_deadline(tmp_path) -> None:
+    ctx = zmq.Context()
+    router = Router(ctx, [], answer=False)
+    pub = Publisher(ctx)
+    p = Pair(tmp_path, bad_endpoint=pub.endpoint, replay=router.endpoint)
+    try:
+        wait_for(lambda: p.v("prefixwatch_kv_events_up", target="bad") == 1.0, what="up")
+        src = p.exp.kv.sources["bad"]
+        pub.send(msg(0, batch(stored([1]))))
+        wait_for(lambda: src.messages == 1, what="first")
+        started = time.monotonic()
+        pub.send(msg(3, batch(stored([2]))))
+        p.good_still_works()  # while the bad target waits for its replay
+        wait_for(lambda: src.messages == 2, timeout=5, what="given up on the replay")
+        assert time.monotonic() - started < 4
+        assert p.err("replay_timeout") == 1
+        assert p.v("prefixwatch_kv_events_lost_total", target="bad") == 2
+    finally:
+        p.close()
+        router.close()
+        pub.close()
+        ctx.destroy(linger=0)
+
+
+def test_a_stalled_publisher_is_down_and_the_other_target_is_not(tmp_path) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(srv.accept()[0]), daemon=True).start()
+    p = Pair(tmp_path, bad_endpoint=f"tcp://127.0.0.1:{srv.getsockname()[1]}")
+    try:
+        wait_for(lambda: bool(held), what="the stalled peer accepted")
+        assert p.v("prefixwatch_kv_events_up", target="bad") == 0.0
+        p.good_still_works()
+        assert p.v("prefixwatch_kv_events_up", target="good") == 1.0
+    finally:
+        p.close()
+        for s in held:
+            s.close()
+        srv.close()
+
+
+def test_a_flooding_publisher_is_bounded_and_the_other_target_goes_on(pair) -> None:
+    src = pair.exp.kv.sources["bad"]
+    src.max_resident = 5_000  # the cap, small enough to reach in a test
+    stop = threading.Event()
+
+    def flood() -> None:
+        seq = 0
+        while not stop.is_set() and seq < 200_000:
+            hashes = range(seq * 8, seq * 8 + 8)
+            try:
+                pair.bad_pub.sock.send_multipart(msg(seq, batch(stored(hashes))), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            seq += 1
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: (pair.err("mirror_full") or 0) > 0, timeout=20, what="the cap reached")
+        pair.good_still_works()
+    finally:
+        stop.set()
+        thread.join(5)
+    _, _, _, snap = src.read()
+    assert snap is not None and sum(snap.resident.values()) <= 5_000
+    lost = pair.v("prefixwatch_kv_events_lost_total", target="bad")
+    stored_ = pair.v("prefixwatch_kv_blocks_total", target="bad", medium="GPU", op="stored")
+    assert lost is not None and stored_ is not None and stored_ > 5_000
+
+
+def test_sigterm_ends_the_exporter_with_a_subscription_within_2s(tmp_path) -> None:
+    page = PageServer()
+    page.serve(page_of("fleet", 0))
+    ctx = zmq.Context()
+    pub = Publisher(ctx)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixwatch.cli", "exporter", "--target", page.url,
+         "--kv-events", pub.endpoint, "--listen-address", "127.0.0.1:0", "--interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        time.sleep(2.0)
+        for i in range(20):
+            pub.send(msg(i, batch(stored([i]))))
+        time.sleep(0.3)
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=5)
+        assert time.monotonic() - started < 2.0
+        out = proc.stdout.read().decode() if proc.stdout else ""
+        assert "Traceback" not in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close()
+        ctx.destroy(linger=0)
+        page.close()
