@@ -207,3 +207,31 @@ def test_the_diagnosis_reads_the_measured_parts(fleet) -> None:
     assert req.ledger.eviction == 2 * 150 * BS
     assert req.ledger.routing == 150 * BS
     assert "prefix_divergence" in on["replica-0"], on
+
+
+def test_otlp_carries_the_same_kv_figures(fleet) -> None:
+    from prefixwatch.exporter.otlp import OtlpBridge
+    from tests.exporter.test_otlp import Receiver
+
+    receiver = Receiver()
+    bridge = OtlpBridge(fleet.exp.monitors, receiver.endpoint, state=fleet.exp.state,
+                        kv_sources=fleet.exp.kv.sources)
+    try:
+        bridge.export()
+        got = {}
+        for req in receiver.requests:
+            for rm in req.resource_metrics:
+                target = {a.key: a.value.string_value for a in rm.resource.attributes}[
+                    "prefixwatch.target"]
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name != "prefixwatch_kv_blocks":
+                            continue
+                        for p in m.sum.data_points:
+                            labels = {a.key: a.value.string_value for a in p.attributes}
+                            got[(target, labels["medium"], labels["op"])] = p.as_double
+        assert got[("replica-0", "GPU", "stored")] == 2400
+        assert got[("replica-1", "GPU", "removed")] == 568
+    finally:
+        bridge.shutdown()
+        receiver.close()

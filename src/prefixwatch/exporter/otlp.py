@@ -25,6 +25,8 @@ from prefixwatch.core import causes, names, tiers
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
 from prefixwatch.exporter.collector import DiagnosisState
+from prefixwatch.exporter.kvevents import KvSource
+from prefixwatch.exporter.kvevents.emit import rows as kv_rows
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.pagereader import TIER_ROLES
 
@@ -46,9 +48,11 @@ def metrics_endpoint(endpoint: str) -> str:
 
 class OtlpBridge:
     def __init__(self, monitors: Iterable[TargetMonitor], endpoint: str,
-                 timeout: float = 10.0, state: DiagnosisState | None = None) -> None:
+                 timeout: float = 10.0, state: DiagnosisState | None = None,
+                 kv_sources: dict[str, KvSource] | None = None) -> None:
         self.endpoint = metrics_endpoint(endpoint)
         self.state = state
+        self.kv_sources = kv_sources or {}
         self._providers: list[MeterProvider] = []
         for mon in monitors:
             resource = Resource.create({
@@ -88,6 +92,9 @@ class OtlpBridge:
         meter.create_observable_gauge(
             names.OUT_TARGET_UP.name, unit="1", description=names.OUT_TARGET_UP.help,
             callbacks=[lambda _o, m=mon: [Observation(1.0 if m.up else 0.0)]])
+        source = self.kv_sources.get(mon.name)
+        if source is not None:
+            _register_kv(meter, source)
         if self.state is not None:
             meter.create_observable_gauge(
                 names.OUT_DIAGNOSIS.name, unit="1", description=names.OUT_DIAGNOSIS.help,
@@ -123,6 +130,29 @@ class OtlpBridge:
 
 
 Callback = Callable[[CallbackOptions], list[Observation]]
+
+#: The KV event families as OTLP instruments (histograms are the Prometheus side's only).
+_KV_INSTRUMENTS = (names.OUT_KV_EVENTS_UP, names.OUT_KV_EVENTS, names.OUT_KV_EVENTS_ERRORS,
+                   names.OUT_KV_EVENTS_LOST, names.OUT_KV_BLOCKS, names.OUT_KV_RESIDENT,
+                   names.OUT_KV_COMPUTED, names.OUT_KV_LOADED, names.OUT_KV_DIVERGENCE_KIND)
+
+
+def _register_kv(meter, source: KvSource) -> None:
+    """One instrument per KV event family of the target, read from the same rows as the
+    Prometheus side (exporter/kvevents/emit.py); the target is the resource, not a label."""
+    for metric in _KV_INSTRUMENTS:
+        def observe(_options: CallbackOptions, metric=metric) -> list[Observation]:
+            return [Observation(row.value, dict(zip(metric.labels[1:], row.labels[1:],
+                                                    strict=True)))
+                    for row in kv_rows([source]) if row.metric is metric]
+        unit = "{block}" if "block" in metric.name else "{token}" if "token" in metric.name \
+            else "1"
+        if metric.kind == "counter":
+            meter.create_observable_counter(metric.name, callbacks=[observe], unit=unit,
+                                            description=metric.help)
+        else:
+            meter.create_observable_gauge(metric.name, callbacks=[observe], unit=unit,
+                                          description=metric.help)
 
 
 def _counter_callback(mon: TargetMonitor, role: str) -> Callback:
