@@ -3,6 +3,8 @@ the exporter: block counts, residency, and why every computed token was computed
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import yaml
 import zmq
@@ -235,3 +237,53 @@ def test_otlp_carries_the_same_kv_figures(fleet) -> None:
     finally:
         bridge.shutdown()
         receiver.close()
+
+
+def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
+    """llm-d's layout, the recording's own: the engines connect to one bound SUB socket and
+    each publishes on ``kv@<pod>@<model>``; the pod names the target."""
+    ctx = zmq.Context()
+    pages = [PageServer(), PageServer()]
+    for i, page in enumerate(pages):
+        page.serve(page_of("fleet", i))
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "kv_events_listen": "tcp://127.0.0.1:*",
+        "targets": [{"url": p.url, "name": f"replica-{i}"} for i, p in enumerate(pages)]}))
+    exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
+                                listen_address="127.0.0.1:0"))
+    exp.start()
+    pubs = []
+    try:
+        wait_for(lambda: exp.kv.listener is not None and exp.kv.listener.bound is not None,
+                 what="bound")
+        for _ in range(2):
+            pub = ctx.socket(zmq.PUB)
+            pub.setsockopt(zmq.LINGER, 0)
+            pub.connect(exp.kv.listener.bound)
+            pubs.append(pub)
+        wait_for(lambda: value(exp.registry, "prefixwatch_kv_events_up",
+                               target="replica-0") == 1.0, what="engines connected")
+        time.sleep(0.3)  # a PUB that just connected drops what it sends before the handshake
+        for sent, msg in enumerate(recording("fleet"), start=1):
+            replica = int(msg.topic.split(b"@")[1].split(b"-")[1])
+            pubs[replica].send_multipart(msg.frames)
+            wait_for(lambda n=sent: sum(s.messages for s in exp.kv.sources.values()) == n,
+                     what="the message ingested")
+        pubs[0].send_multipart([b"kv@nobody@x", (0).to_bytes(8, "big"), b"\x90"])
+        listen_label = f"listen:{exp.config.kv_events_listen}"
+        wait_for(lambda: value(exp.registry, "prefixwatch_kv_events_errors_total",
+                               target=listen_label, reason="unknown_topic") == 1,
+                 what="an unknown topic counted")
+        for target, stored in (("replica-0", 2400), ("replica-1", 1266)):
+            assert value(exp.registry, "prefixwatch_kv_blocks_total", target=target,
+                         medium="GPU", op="stored") == stored
+        assert value(exp.registry, "prefixwatch_kv_computed_tokens_total", target="replica-1",
+                     model_name=MODEL, part="routing") == 150 * BS
+    finally:
+        exp.stop()
+        for pub in pubs:
+            pub.close(linger=0)
+        for page in pages:
+            page.close()
+        ctx.destroy(linger=0)

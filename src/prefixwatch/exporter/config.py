@@ -112,16 +112,17 @@ def validate_url(url: str) -> str:
     return url
 
 
-_ZMQ_ENDPOINT = re.compile(r"^(tcp://(\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):\d{1,5}|ipc://\S+)$")
+_ZMQ_ENDPOINT = re.compile(r"^(tcp://(\[[0-9a-fA-F:.]+\]|[^\s:/\[\]]+):(\d{1,5}|\*)|ipc://\S+)$")
 
 
 def validate_zmq_endpoint(endpoint: Any, where: str) -> str:
     """A ZMQ endpoint as vLLM's --kv-events-config names one: tcp://HOST:PORT or ipc://PATH."""
     text = str(endpoint).strip()
-    if not _ZMQ_ENDPOINT.match(text) or (text.startswith("tcp://")
-                                         and not 0 < int(text.rsplit(":", 1)[1]) < 65536):
+    port = text.rsplit(":", 1)[-1]
+    if not _ZMQ_ENDPOINT.match(text) or (text.startswith("tcp://") and port != "*"
+                                         and not 0 < int(port) < 65536):
         raise ConfigError(f"{where}: KV events endpoint {redact_url(text)!r} is not "
-                          "tcp://HOST:PORT or ipc://PATH")
+                          "tcp://HOST:PORT or ipc://PATH (PORT * to listen on a free one)")
     return text
 
 

@@ -36,11 +36,11 @@ class KvEvents:
         self.listener: Listener | None = None
         self._topics: dict[bytes, KvSource] = {}
         for target in config.targets:
-            listened = config.kv_events_listen is not None and (
-                target.kv_events_topic or target.name in config.kv_events_topics.values())
-            if target.kv_events or listened:
+            # In listen mode every target without an endpoint of its own may connect out.
+            if target.kv_events or config.kv_events_listen is not None:
                 self.sources[target.name] = KvSource(
                     target.name, self.fleets, lambda name=target.name: model_hint(name))
+        self._listened = {t.name for t in config.targets if t.kv_events is None}
         if config.kv_events_listen is not None:
             self.unrouted = KvSource(f"listen:{config.kv_events_listen}", self.fleets)
             for topic, name in config.kv_events_topics.items():
@@ -69,10 +69,9 @@ class KvEvents:
         text = topic.decode("utf-8", "replace")
         parts = text.split("@", 2)
         name = parts[1] if len(parts) == 3 and parts[0] == "kv" else text
-        if name in self.sources and self.sources[name] is not None:
-            target = next((t for t in self.config.targets if t.name == name), None)
-            if target is not None and target.kv_events is None:
-                return self.sources[name]
+        source = self.sources.get(name)
+        if source is not None and name in self._listened:
+            return source
         return None
 
     def start(self) -> None:
@@ -85,9 +84,7 @@ class KvEvents:
                     self._ctx, self.sources[target.name], target.kv_events, self._stop,
                     topic=target.kv_events_topic, replay=target.kv_events_replay))
         if self.config.kv_events_listen is not None:
-            listened = [s for n, s in self.sources.items()
-                        if next(t for t in self.config.targets if t.name == n).kv_events
-                        is None]
+            listened = [s for n, s in self.sources.items() if n in self._listened]
             self.listener = Listener(self._ctx, self.config.kv_events_listen, self._stop,
                                      self.route, listened, self.unrouted)
             self._loops.append(self.listener)

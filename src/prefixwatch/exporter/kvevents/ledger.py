@@ -98,11 +98,9 @@ class EventLedgers:
         with self.lock:
             names_ = list(self._history)
         for name in names_:
-            source = self.sources[name]
-            model = (source.mirror.fleet.model if source.mirror is not None
-                     else source.model_hint())
-            if model:
-                out.setdefault(model, []).append(name)
+            mirror = self.sources[name].mirror  # a stream that never spoke has no ledger
+            if mirror is not None and mirror.fleet.model:
+                out.setdefault(mirror.fleet.model, []).append(name)
         return out
 
     def span(self, target: str, seconds: float | None) -> Span | None:
