@@ -50,6 +50,10 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify HTTPS targets")
     p.add_argument("--insecure-skip-verify", action="store_true",
                    help="do not verify HTTPS certificates")
+    p.add_argument("--kv-events", metavar="ENDPOINT",
+                   help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
+                        "e.g. tcp://localhost:5557, for the one target; several targets: "
+                        "kv_events per target in the config file")
     p.add_argument("--max-body-bytes", type=int, metavar="N",
                    help=f"refuse pages larger than N bytes "
                         f"(default {names.DEFAULT_MAX_BODY_BYTES})")
@@ -84,10 +88,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "format; see docs/configuration.md)")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
-    exp.add_argument("--kv-events", metavar="ENDPOINT",
-                     help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
-                          "e.g. tcp://localhost:5557, for the one target; several targets: "
-                          "kv_events per target in the config file")
     diag = exp.add_argument_group(
         "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
     diag.add_argument("--diagnosis-window", metavar="DURATION",
@@ -160,6 +160,7 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
         targets=args.target, config_file=args.config, timeout=args.timeout,
         bearer_token_file=args.bearer_token_file, ca_file=args.ca_file,
         insecure_skip_verify=args.insecure_skip_verify, max_body_bytes=args.max_body_bytes,
+        kv_events=args.kv_events,
     )
     if not with_exporter_flags and getattr(args, "cold_start", None):
         kwargs["cold_start"] = args.cold_start
@@ -167,8 +168,7 @@ def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
         kwargs.update(interval=args.interval, listen_address=args.listen_address,
                       windows=args.window, otlp_endpoint=args.otlp_endpoint,
                       web_config_file=args.web_config_file,
-                      diagnosis_window=args.diagnosis_window, cold_start=args.cold_start,
-                      kv_events=args.kv_events)
+                      diagnosis_window=args.diagnosis_window, cold_start=args.cold_start)
         log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
                      "max_log_len": args.max_log_len, "model": args.requests_model}
         if args.requests_log:
@@ -216,12 +216,18 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from prefixwatch.exporter.status import collect_status, ledger_status, render
+    from prefixwatch.exporter.status import (
+        collect_status,
+        event_ledger_status,
+        ledger_status,
+        render,
+    )
 
     config = _config_from(args, with_exporter_flags=False)
+    events = event_ledger_status(config)  # follows the streams through the gap
     rows = collect_status(config, args.gap)
     print(render(rows, args.gap))
-    print("\n".join(ledger_status(config, rows)))
+    print("\n".join(events.finish() if events is not None else ledger_status(config, rows)))
     return 1 if any(r.error for r in rows) else 0
 
 

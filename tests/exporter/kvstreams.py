@@ -58,11 +58,18 @@ class Publisher:
     """A PUB socket bound on 127.0.0.1 (as vLLM binds tcp://*:5557), port chosen by the OS."""
 
     def __init__(self, ctx: zmq.Context, hwm: int = 100_000) -> None:
-        self.sock = ctx.socket(zmq.PUB)
+        # XPUB: a PUB that also hears its subscribers join (wait_subscribed).
+        self.sock = ctx.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
+
+    def wait_subscribed(self, timeout: float = 20.0) -> None:
+        """Until a subscriber has joined (its subscription message arrived)."""
+        if not self.sock.poll(int(timeout * 1000)):
+            raise AssertionError("no subscriber joined")
+        self.sock.recv()
 
     def send(self, frames: list[bytes]) -> None:
         self.sock.send_multipart(frames)

@@ -287,3 +287,47 @@ def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
         for page in pages:
             page.close()
         ctx.destroy(linger=0)
+
+
+def test_the_landing_page_shows_the_event_ledger(fleet) -> None:
+    html_page = fleet.exp.landing_page()
+    assert "from the KV event streams" in html_page
+    assert "needs a request log" not in html_page
+    for part in ("eviction", "routing", "layout", "novel", "tail", "unexplained"):
+        assert part in html_page
+
+
+def test_status_prints_the_event_ledger_over_its_gap() -> None:
+    import subprocess
+    import sys
+
+    ctx = zmq.Context()
+    page = PageServer()
+    page.serve(zeroed(page_of("offload", 0)))
+    pub = Publisher(ctx)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixwatch.cli", "status", "--target", page.url,
+         "--kv-events", pub.endpoint, "--gap", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pub.wait_subscribed()
+        time.sleep(0.5)  # the first poll (the ledger's baseline) follows the subscription
+        for msg in recording("offload"):
+            pub.send(msg.frames)
+        time.sleep(0.5)
+        page.serve(page_of("offload", 0))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close()
+        page.close()
+        ctx.destroy(linger=0)
+    assert "Traceback" not in err, err
+    assert "Ledger from the KV event streams" in out, out + err
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()
+            if line.startswith("    ") and len(line.split()) > 2}
+    truth = _truth("offload", "replica-0")
+    assert int(rows["prompt"]) == truth["prompt"]
+    assert int(rows["tail"]) == truth["tail"]
+    assert int(rows["unexplained"]) == 0

@@ -9,6 +9,7 @@ import html
 import time
 from typing import TYPE_CHECKING
 
+from prefixwatch.core.ledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
 from prefixwatch.exporter.charts import charts_section
@@ -92,6 +93,9 @@ def tier_section(exporter: Exporter, window: str | None) -> str:
 
 def ledger_section(exporter: Exporter, window: str | None) -> str:
     """Where the window's prompt tokens went (core/ledger.py), or that it needs a request log."""
+    events = event_ledger_section(exporter, window)
+    if events:
+        return events
     view = exporter.view
     if view is None:
         return f"<p>{html.escape(LEDGER_NEEDS_LOG)}</p>"
@@ -113,6 +117,30 @@ def ledger_section(exporter: Exporter, window: str | None) -> str:
     return (f"<h2>Where the prompt tokens went ({html.escape(str(window))}, "
             "docs/runbooks.md#the-hit-rate-ledger)</h2><pre>"
             + html.escape("\n".join(lines)) + "</pre>")
+
+
+def event_ledger_section(exporter: Exporter, window: str | None) -> str:
+    """The ledger from the KV event streams, per model (the targets summed) and per target;
+    empty when no target's stream has spoken."""
+    ledgers = exporter.kv_ledgers
+    models = ledgers.models()
+    if not models:
+        return ""
+    seconds = exporter.config.window_seconds.get(window or "", exporter.diag_seconds)
+    out = [f"<h2>Where the prompt tokens went ({html.escape(str(window))}, from the KV event "
+           "streams; docs/runbooks.md#the-hit-rate-ledger)</h2>"]
+    for model, targets in sorted(models.items()):
+        spans = [(model, ledgers.model_span(model, seconds))]
+        if len(targets) > 1:
+            spans += [(f"{t}", ledgers.span(t, seconds)) for t in sorted(targets)]
+        for title, span in spans:
+            if span is None or span.prompt <= 0:
+                out.append(f"<p>{html.escape(title)}: no prompt tokens in the window yet.</p>")
+                continue
+            lines = event_table(span.shares, span.prompt)
+            out.append(f"<h3>{html.escape(title)}</h3><pre>"
+                       + html.escape("\n".join(lines)) + "</pre>")
+    return "".join(out)
 
 
 #: The charts' cards (exporter/charts.py), laid out to fill a 1280-pixel window.

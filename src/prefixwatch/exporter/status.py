@@ -179,3 +179,46 @@ def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
     return ["", f"Ledger of {rl.path} ({totals.requests} requests; "
                 "docs/runbooks.md#the-hit-rate-ledger):",
             *("  " + line for line in ledger_table(totals, totals.achieved, unmeasured))]
+
+
+class EventLedgerStatus:
+    """The ledger from the targets' KV event streams over the status gap: the streams are
+    followed from ``start`` (one poll of every target) to ``finish`` (a second one)."""
+
+    def __init__(self, config: ExporterConfig) -> None:
+        from prefixwatch.exporter.service import Exporter
+
+        self.exporter = Exporter(config)
+        self.exporter.kv.start()
+        self.exporter.poll_round()  # the baseline: the counters as the streams start
+
+    def finish(self) -> list[str]:
+        from prefixwatch.core.ledger import event_table
+
+        exp = self.exporter
+        try:
+            exp.poll_round()
+            lines = ["", "Ledger from the KV event streams, over the gap (where the prompt "
+                         "tokens went; docs/runbooks.md#the-hit-rate-ledger):"]
+            for name, source in exp.kv.sources.items():
+                span = exp.kv_ledgers.span(name, None)
+                up, lost, _errors, snap = source.read()
+                if span is None or snap is None:
+                    lines.append(f"  {name}: no KV event received "
+                                 f"({'subscribed' if up else 'not connected'})")
+                    continue
+                lines.append(f"  {name} ({snap.model}; {span.requests} requests, "
+                             f"{lost} messages lost):")
+                lines += ["    " + line for line in event_table(span.shares, span.prompt)]
+            return lines
+        finally:
+            exp.kv.stop()
+            for mon in exp.monitors:
+                mon.close()
+
+
+def event_ledger_status(config: ExporterConfig) -> EventLedgerStatus | None:
+    """Follow the event streams during ``status`` when a target names one (None: none)."""
+    if not any(t.kv_events for t in config.targets) and config.kv_events_listen is None:
+        return None
+    return EventLedgerStatus(config)
