@@ -331,3 +331,76 @@ def test_status_prints_the_event_ledger_over_its_gap() -> None:
     assert int(rows["prompt"]) == truth["prompt"]
     assert int(rows["tail"]) == truth["tail"]
     assert int(rows["unexplained"]) == 0
+
+
+class TokenizingServer:
+    """/metrics (the fleet page), /health and /detokenize on 127.0.0.1: the detokenizer reads
+    every token as a time of day, so what varies at a divergence is a date/time."""
+
+    def __init__(self) -> None:
+        import json as _json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        page = page_of("fleet", 0).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._send(page if self.path == "/metrics" else b"{}",
+                           "text/plain; version=0.0.4")
+
+            def do_POST(self) -> None:  # noqa: N802
+                data = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = " ".join(f"{t % 24:02d}:{t % 60:02d}" for t in data["tokens"])
+                self._send(_json.dumps({"prompt": text}).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_divergence_positions_and_kinds_from_the_targets_detokenize(tmp_path) -> None:
+    ctx = zmq.Context()
+    server = TokenizingServer()
+    pub = Publisher(ctx)
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text(yaml.safe_dump({"targets": [{"url": server.url, "name": "replica-0",
+                                                "kv_events": pub.endpoint}]}))
+    exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
+                                listen_address="127.0.0.1:0"))
+    exp.start()
+    try:
+        pub.wait_subscribed()
+        wait_for(lambda: value(exp.registry, "prefixwatch_kv_events_up",
+                               target="replica-0") == 1.0, what="subscribed")
+        # Replica 0's messages up to its first two timestamp-at-top requests.
+        mine = [m for m in recording("fleet") if b"replica-0" in m.topic][:9]
+        for msg in mine:
+            pub.send(msg.frames)
+        source = exp.kv.sources["replica-0"]
+        wait_for(lambda: source.messages == len(mine), what="ingested")
+        wait_for(lambda: source.kinds.get("date/time", 0) >= 1, what="a date/time named")
+        # The timestamp sits at tokens 8..11: the chain leaves the static prompt's at 8.
+        assert value(exp.registry, "prefixwatch_kv_divergence_position_tokens_bucket",
+                     target="replica-0", model_name=MODEL, le="16.0") >= 1
+        assert value(exp.registry, "prefixwatch_kv_divergences_total", target="replica-0",
+                     model_name=MODEL, kind="date/time") >= 1
+    finally:
+        exp.stop()
+        pub.close()
+        server.close()
+        ctx.destroy(linger=0)

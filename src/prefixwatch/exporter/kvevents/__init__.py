@@ -15,6 +15,7 @@ import zmq
 
 from prefixwatch.core import names
 from prefixwatch.exporter.config import ExporterConfig
+from prefixwatch.exporter.kvevents.kinds import KindNamer
 from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
 from prefixwatch.exporter.kvevents.subscriber import Listener, Subscription
 
@@ -88,6 +89,8 @@ class KvEvents:
             self.listener = Listener(self._ctx, self.config.kv_events_listen, self._stop,
                                      self.route, listened, self.unrouted)
             self._loops.append(self.listener)
+        self._loops.append(KindNamer(self.sources, {t.name: t.url for t in self.config.targets},
+                                     self._stop))
         for loop in self._loops:
             loop.start()
 
