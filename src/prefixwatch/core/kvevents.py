@@ -103,6 +103,9 @@ EVENT_TYPES: tuple[str, ...] = ("BlockStored", "BlockRemoved", "AllBlocksCleared
 
 _STORED = (BlockStored, _ArrayStored)
 _REMOVED = (BlockRemoved, _ArrayRemoved)
+#: The decoded classes of each kind, for a dispatch on ``type(event)``.
+STORED_TYPES = frozenset(_STORED)
+REMOVED_TYPES = frozenset(_REMOVED)
 
 
 def kind_of(event: Any) -> str:

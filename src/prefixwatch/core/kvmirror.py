@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixwatch.core import names
-from prefixwatch.core.kvevents import Batch, is_removed, is_stored
+from prefixwatch.core.kvevents import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
 from prefixwatch.core.ledger import layout_end_from
 
 DEVICE = "GPU"
@@ -53,10 +53,10 @@ class Block:
 
     __slots__ = ("cid", "parent", "edge", "end", "children", "holders", "evicted")
 
-    def __init__(self, cid: int, parent: Block | None, edge: array, end: int) -> None:
+    def __init__(self, cid: int, parent: Block | None, edge: list[int], end: int) -> None:
         self.cid = cid
         self.parent = parent
-        self.edge = edge  # array('I') of block_size tokens (empty for a root)
+        self.edge = edge  # the block's token ids (the event's own slice; empty for a root)
         self.end = end  # absolute token depth after this block
         self.children: dict[int, Block] = {}
         #: replica id -> resident copies, every medium; no entry at 0.
@@ -80,7 +80,7 @@ class FleetContent:
     def root(self, key: Any) -> Block:
         node = self.roots.get(key)
         if node is None:
-            node = self.roots[key] = Block(hash(("root", key)), None, array("I"), 0)
+            node = self.roots[key] = Block(hash(("root", key)), None, [], 0)
         return node
 
     def new_replica_id(self) -> int:
@@ -159,13 +159,14 @@ class TargetMirror:
         self.stored: dict[str, int] = {}
         self.removed: dict[str, int] = {}
         self.lifetimes: dict[str, Histogram] = {}
-        self.events: dict[str, int] = {}
+        self.events: dict[str, int] = dict.fromkeys(EVENT_TYPES, 0)
         self.errors: dict[str, int] = {}
         self.computed = dict.fromkeys(COMPUTED_PARTS, 0)
         self.loaded: dict[str, int] = {}
         self.divergence = Histogram(names.DIVERGENCE_BUCKETS)
         self.pending: deque[Divergence] = deque(maxlen=MAX_PENDING_DIVERGENCES)
         self._recent: dict[Any, Block] = {}
+        self._total = 0  # resident copies, every medium
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -174,17 +175,35 @@ class TargetMirror:
         for reason, n in batch.dropped.items():
             self.count_error(reason, n)
         ts = batch.ts
+        events = self.events
+        removing: list[Any] = []  # consecutive removals of one medium go in one pass
+        removing_from = DEVICE
         with self.fleet.lock:
             for event in batch.events:
-                if is_stored(event):
-                    self.events["BlockStored"] = self.events.get("BlockStored", 0) + 1
-                    self._store(event, ts)
-                elif is_removed(event):
-                    self.events["BlockRemoved"] = self.events.get("BlockRemoved", 0) + 1
-                    self._remove(event.block_hashes, event.medium or DEVICE, ts)
+                kind = type(event)
+                if kind in REMOVED_TYPES:
+                    events["BlockRemoved"] += 1
+                    medium = event.medium or DEVICE
+                    if removing and medium != removing_from:
+                        self._remove(removing, removing_from, ts)
+                        removing = []
+                    removing_from = medium
+                    removing.extend(event.block_hashes)
+                    continue
+                if removing:
+                    self._remove(removing, removing_from, ts)
+                    removing = []
+                if kind in STORED_TYPES:
+                    events["BlockStored"] += 1
+                    if event.medium is None or event.medium == DEVICE:
+                        self._store(event, ts)
+                    else:
+                        self._store_lower(event, ts)
                 else:
-                    self.events["AllBlocksCleared"] = self.events.get("AllBlocksCleared", 0) + 1
+                    events["AllBlocksCleared"] += 1
                     self.clear()
+            if removing:
+                self._remove(removing, removing_from, ts)
             if len(self.fleet.blocks) > self.fleet.max_blocks:
                 dropped = self.fleet.trim()
                 if dropped:
@@ -222,27 +241,31 @@ class TargetMirror:
                 parent = fleet.root(("unknown parent", ev.lora_name, ev.parent_block_hash))
         extra = ev.extra_keys
         device = medium == DEVICE
-        lower = [per for m, per in self.resident.items() if m != DEVICE] if device else ()
-        res = self.resident.setdefault(medium, {})
+        lower = ([(m, per) for m, per in self.resident.items() if m != DEVICE and per]
+                 if device else ())
+        res = self.resident.get(medium)
+        if res is None:
+            res = self.resident[medium] = {}
         blocks = fleet.blocks
         rid, bit = self.rid, self.bit
         chain: list[Block | None] = []
         created_at = -1
         computed = self.computed
-        room = self.max_resident - sum(self.resident_count.values())
+        room = self.max_resident - self._total
         stored_here = 0
+        with_tokens = bool(toks) and parent is not None
         for i in range(n):
             h = hashes[i]
             node: Block | None
-            if toks and parent is not None:
+            if with_tokens and parent is not None:
                 part = toks[i * bs:(i + 1) * bs]
-                key = extra[i] if extra and i < len(extra) else None
-                if key is not None:
-                    key = _freeze(key)
-                cid = hash((parent.cid, key, *part))
+                if extra and i < len(extra) and extra[i] is not None:
+                    cid = hash((parent.cid, _freeze(extra[i]), *part))
+                else:
+                    cid = hash((parent.cid, None, *part))
                 node = blocks.get(cid)
                 if node is None:
-                    node = Block(cid, parent, array("I", part), parent.end + bs)
+                    node = Block(cid, parent, part, parent.end + bs)
                     blocks[cid] = node
                     parent.children[cid] = node
                     if created_at < 0:
@@ -252,14 +275,12 @@ class TargetMirror:
             # What this copy is, before it counts as held.
             if device:
                 source = None
-                for per in lower:
+                for m, per in lower:
                     if h in per:
-                        source = per
+                        source = m
                         break
                 if source is not None:
-                    for m, per in self.resident.items():
-                        if per is source:
-                            self.loaded[m] = self.loaded.get(m, 0) + bs
+                    self.loaded[source] = self.loaded.get(source, 0) + bs
                     chain.append(None)
                 elif node is None:
                     computed["novel"] += bs
@@ -292,8 +313,63 @@ class TargetMirror:
         else:
             self.stored[medium] = self.stored.get(medium, 0) + n
         self.resident_count[medium] = self.resident_count.get(medium, 0) + stored_here
+        self._total += stored_here
         if device and chain:
             self._classify(chain, created_at, toks, bs)
+
+    def _store_lower(self, ev: Any, ts: float) -> None:
+        """A lower tier's store (CPU, disk, ...): residency and content, no classification."""
+        hashes = ev.block_hashes
+        medium = ev.medium
+        bs = ev.block_size or self.block_size
+        toks = ev.token_ids
+        n = len(hashes)
+        if toks and len(toks) != n * bs:
+            self.count_error(names.KV_ERROR_TOKENS)
+            toks = []
+        res = self.resident.get(medium)
+        if res is None:
+            res = self.resident[medium] = {}
+        self.stored[medium] = self.stored.get(medium, 0) + n
+        parent: Block | None = None
+        if toks:
+            ph = ev.parent_block_hash
+            parent = (self.fleet.root(ev.lora_name) if ph is None else self._lookup(ph))
+            if parent is None:
+                self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
+                parent = self.fleet.root(("unknown parent", ev.lora_name, ph))
+        blocks, rid, extra = self.fleet.blocks, self.rid, ev.extra_keys
+        room = self.max_resident - self._total
+        held = 0
+        for i in range(n):
+            h = hashes[i]
+            if parent is not None:
+                part = toks[i * bs:(i + 1) * bs]
+                key = _freeze(extra[i]) if extra and i < len(extra) and extra[i] is not None \
+                    else None
+                cid = hash((parent.cid, key, *part))
+                node = blocks.get(cid)
+                if node is None:
+                    node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
+                    parent.children[cid] = node
+                parent = node
+            else:
+                node = self._lookup(h)  # no token ids: joined to the device's block by hash
+            entry = res.get(h)
+            if entry is None:
+                if held >= room:
+                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                    break
+                res[h] = [node, ts]
+            else:
+                if entry[0] is None:
+                    entry[0] = node
+                entry.append(ts)
+            held += 1
+            if node is not None:
+                node.holders[rid] = node.holders.get(rid, 0) + 1
+        self.resident_count[medium] = self.resident_count.get(medium, 0) + held
+        self._total += held
 
     def _classify(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
                   bs: int) -> None:
@@ -305,8 +381,7 @@ class TargetMirror:
             start = self._divergence(new, created_at, toks, bs) if new is not None else None
             if start is not None:
                 first, j, depth = start
-                q = array("I", toks[created_at * bs:])
-                end = layout_end_from(q, j, first, depth, bs)
+                end = layout_end_from(toks[created_at * bs:], j, first, depth, bs)
                 if end:
                     layout_until = created_at + end // bs
         for i, node in enumerate(chain):
@@ -346,40 +421,48 @@ class TargetMirror:
         return sibling, j, parent.end + j
 
     def _remove(self, hashes: Sequence[Any], medium: str, ts: float) -> None:
-        res = self.resident.get(medium)
+        res = self.resident.get(medium) or {}
         rid, bit = self.rid, self.bit
         hist = self.lifetimes.get(medium)
         if hist is None:
             hist = self.lifetimes[medium] = Histogram(names.KV_LIFETIME_BUCKETS)
-        removed = 0
+        bounds, counts = hist.bounds, hist.counts
+        recent = self._recent
+        gone = unknown = 0
+        total_age = 0.0
         for h in hashes:
-            removed += 1
-            entry = res.get(h) if res is not None else None
+            entry = res.get(h)
             if entry is None:
-                self.count_error(names.KV_ERROR_UNKNOWN_BLOCK)
+                unknown += 1
                 continue
-            stored_at = entry.pop(1)  # the oldest copy: which one went is not said
+            age = ts - entry.pop(1)  # the oldest copy: which one went is not said
             node = entry[0]
             if len(entry) == 1:
                 del res[h]
                 if node is not None:
-                    self._remember(h, node)
-            self.resident_count[medium] -= 1
-            hist.observe(max(0.0, ts - stored_at))
+                    recent[h] = node
+            gone += 1
+            age = age if age > 0.0 else 0.0
+            counts[bisect.bisect_left(bounds, age)] += 1
+            total_age += age
             if node is not None:
-                left = node.holders.get(rid, 0) - 1
-                if left > 0:
-                    node.holders[rid] = left
+                holders = node.holders
+                left = holders[rid] - 1
+                if left:
+                    holders[rid] = left
                 else:
-                    node.holders.pop(rid, None)
+                    del holders[rid]
                 node.evicted |= bit
-        self.removed[medium] = self.removed.get(medium, 0) + removed
-
-    def _remember(self, h: Any, node: Block) -> None:
-        recent = self._recent
-        recent[h] = node
-        if len(recent) > RECENT_REMOVED:
+        hist.total += total_age
+        hist.n += gone
+        if gone:
+            self.resident_count[medium] -= gone
+            self._total -= gone
+        if unknown:
+            self.count_error(names.KV_ERROR_UNKNOWN_BLOCK, unknown)
+        while len(recent) > RECENT_REMOVED:
             del recent[next(iter(recent))]
+        self.removed[medium] = self.removed.get(medium, 0) + len(hashes)
 
     def clear(self) -> None:
         """Every resident copy is gone (AllBlocksCleared, a restarted publisher); the content
@@ -392,6 +475,7 @@ class TargetMirror:
                     node.holders.pop(rid, None)
         self.resident.clear()
         self.resident_count = dict.fromkeys(self.resident_count, 0)
+        self._total = 0
         self._recent.clear()
 
     # -- reading -------------------------------------------------------------------------------

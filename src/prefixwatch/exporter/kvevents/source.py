@@ -137,7 +137,14 @@ class KvSource:
                 self.decoding = False
             return
         mirror = self.mirror or self._start_mirror(topic)
-        mirror.apply(batch)
+        try:
+            mirror.apply(batch)
+        except (TypeError, ValueError, OverflowError, KeyError, IndexError) as exc:
+            # Values the types allow but the mirror cannot hold (a token id past 2**32, ...):
+            # the rest of the batch is lost, the stream goes on.
+            self.count(kvevents.MALFORMED)
+            log.debug("kv events of %s: batch not applied (%s)", self.target, exc)
+            return
         with self.lock:
             self.messages += 1
             self.decoding = True
