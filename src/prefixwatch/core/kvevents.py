@@ -108,23 +108,6 @@ STORED_TYPES = frozenset(_STORED)
 REMOVED_TYPES = frozenset(_REMOVED)
 
 
-def kind_of(event: Any) -> str:
-    """``BlockStored``, ``BlockRemoved`` or ``AllBlocksCleared`` for either encoding."""
-    if isinstance(event, _STORED):
-        return "BlockStored"
-    if isinstance(event, _REMOVED):
-        return "BlockRemoved"
-    return "AllBlocksCleared"
-
-
-def is_stored(event: Any) -> bool:
-    return isinstance(event, _STORED)
-
-
-def is_removed(event: Any) -> bool:
-    return isinstance(event, _REMOVED)
-
-
 @dataclass(slots=True)
 class Batch:
     """One decoded message: its events (either encoding) and what was not usable in it."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field

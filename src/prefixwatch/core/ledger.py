@@ -304,9 +304,11 @@ def layout_end_from(q: Sequence[int], d: int, first: Node, depth: int, bs: int) 
     node ``first`` at the path's absolute token ``depth`` (inside ``first``'s edge, or at its
     start); returns the index in ``q`` where the identical run ends, 0 without one.
 
-    Any node with ``edge`` (an ``array('I')``), ``end`` (absolute depth after the edge) and
-    insertion-ordered ``children`` will do: the trie's nodes, or the KV event mirror's blocks.
-    ``q`` must hold tokens as the edges do (an ``array('I')`` for packed edges)."""
+    Any node with ``edge`` (its tokens), ``end`` (absolute depth after the edge) and
+    insertion-ordered ``children`` will do: the trie's nodes, or the KV event mirror's blocks
+    (``core/kvmirror.py``). ``q`` must hold tokens in the edges' sequence type (an
+    ``array('I')`` for packed edges, a list for lists): slices of two types never compare
+    equal."""
     if len(q) - d < bs + 1:
         return 0
     skip = depth - (first.end - len(first.edge))
