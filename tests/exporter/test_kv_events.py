@@ -193,8 +193,16 @@ def test_the_event_ledger_closes_to_the_token_per_replica(tmp_path, name, replic
                                                "novel", "tail", "unexplained")}
         assert all(v is not None for v in shares.values())
         assert abs(sum(shares.values()) - 1.0) < 1e-9
-        assert bench.v("prefixwatch_ledger_tokens_total", model_name=MODEL, part="prompt") == (
-            sum(_truth(name, f"replica-{i}")["prompt"] for i in range(replicas)))
+        tokens = {p: bench.v("prefixwatch_ledger_tokens_total", model_name=MODEL, part=p)
+                  for p in ("prompt", "novel", "layout", "routing", "eviction", "tail",
+                            "pool_reach")}
+        assert tokens["prompt"] == sum(_truth(name, f"replica-{i}")["prompt"]
+                                       for i in range(replicas))
+        assert tokens["tail"] == sum(_truth(name, f"replica-{i}")["tail"]
+                                     for i in range(replicas))
+        # The request ledger's identity holds for the event source's counters too.
+        assert tokens["prompt"] == sum(tokens[p] for p in ("novel", "layout", "routing",
+                                                           "eviction", "pool_reach"))
     finally:
         bench.close()
 

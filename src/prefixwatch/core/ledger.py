@@ -414,8 +414,10 @@ def _run(q: Sequence[int], i: int, node: Node, depth: int) -> int:
 
 # -- The event source: the same ledger from the engines' KV event streams ----------------------
 
-#: The event ledger's counted parts (``prompt`` and ``pool_reach`` close it, as above, with the
-#: tail as its own part) and its shares, in the order a table prints them.
+#: The event ledger's counted parts and its shares, in the order a table prints them. The
+#: counters keep the request ledger's identity (prompt = novel + layout + routing + eviction +
+#: pool_reach, so rules written for it stay true) with ``pool_reach`` = achieved + tail +
+#: unexplained, and count the tail on its own as well; the shares name the tail as a part.
 EVENT_COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "eviction",
                                   names.LEDGER_TAIL, "pool_reach")
 EVENT_SHARES: tuple[str, ...] = names.KV_LEDGER_SHARES
@@ -441,12 +443,13 @@ def event_shares(prompt: int, achieved: int, computed: dict[str, int], requests:
 
 
 def event_counted(shares_: dict[str, int], prompt: int) -> dict[str, int]:
-    """The counters of ``EVENT_COUNTED`` from ``event_shares``: pool_reach = achieved +
-    unexplained, so prompt = novel + layout + routing + eviction + tail + pool_reach."""
+    """The counters of ``EVENT_COUNTED`` from ``event_shares``: pool_reach = achieved + tail +
+    unexplained (what no computed full block explains), so prompt = novel + layout + routing +
+    eviction + pool_reach as in the request ledger; the tail is also counted on its own."""
     out = {"prompt": prompt}
     out.update({p: shares_[p] for p in ("novel", "layout", "routing", "eviction",
                                          names.LEDGER_TAIL)})
-    out["pool_reach"] = shares_["achieved"] + shares_["unexplained"]
+    out["pool_reach"] = shares_["achieved"] + shares_[names.LEDGER_TAIL] + shares_["unexplained"]
     return out
 
 
