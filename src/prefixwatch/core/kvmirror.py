@@ -296,7 +296,7 @@ class TargetMirror:
             if entry is None:
                 if stored_here >= room:
                     self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                    self.stored[medium] = self.stored.get(medium, 0) + n - i
+                    self.stored[medium] = self.stored.get(medium, 0) + n
                     break
                 res[h] = [node, ts]
             else:

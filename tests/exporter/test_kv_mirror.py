@@ -1,0 +1,127 @@
+"""The mirror alone (core/kvmirror.py): copies, tiers, identity, caps; and the config keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.kvevents import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from prefixwatch.core.kvmirror import FleetContent, TargetMirror
+from prefixwatch.exporter.config import build_config
+
+BS = 16
+
+
+def tokens(seed: int, blocks: int = 1) -> list[int]:
+    return [(seed * 7919 + i) % 30000 for i in range(blocks * BS)]
+
+
+def store(hashes, parent=None, toks=None, medium="GPU", lora=None, extra=None) -> BlockStored:
+    return BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
+                       token_ids=[] if toks is None else toks, block_size=BS, medium=medium,
+                       lora_name=lora, extra_keys=extra)
+
+
+def apply(mirror: TargetMirror, *events, ts: float = 0.0) -> None:
+    mirror.apply(Batch(ts, list(events)))
+
+
+def test_copies_are_counted_and_removed_one_by_one() -> None:
+    m = TargetMirror(FleetContent("m"))
+    apply(m, store([1], toks=tokens(1)), ts=10.0)
+    apply(m, store([1], toks=tokens(1)), ts=20.0)  # a second physical copy
+    assert m.snapshot().resident == {"GPU": 2}
+    apply(m, BlockRemoved(block_hashes=[1], medium="GPU"), ts=25.0)
+    snap = m.snapshot()
+    assert snap.resident == {"GPU": 1} and snap.removed == {"GPU": 1}
+    buckets, total = snap.lifetimes["GPU"]
+    assert total == 15.0  # the oldest copy went
+    apply(m, BlockRemoved(block_hashes=[1, 99], medium="GPU"), ts=26.0)
+    snap = m.snapshot()
+    assert snap.resident == {"GPU": 0} and snap.errors == {"unknown_block": 1}
+
+
+def test_all_blocks_cleared_empties_the_mirror_without_an_eviction() -> None:
+    m = TargetMirror(FleetContent("m"))
+    apply(m, store([1, 2], toks=tokens(1, 2)))
+    apply(m, AllBlocksCleared())
+    assert m.snapshot().resident == {"GPU": 0}
+    apply(m, store([3, 4], toks=tokens(1, 2)))  # the same content again
+    assert m.snapshot().computed["eviction"] == 0
+
+
+def test_identity_is_content_across_replicas_and_lora_keeps_it_apart() -> None:
+    fleet = FleetContent("m")
+    a, b = TargetMirror(fleet), TargetMirror(fleet)
+    apply(a, store([11, 12], toks=tokens(5, 2)))
+    apply(b, store([901, 902], toks=tokens(5, 2)))  # other hashes, same content
+    assert b.snapshot().computed["routing"] == 2 * BS
+    apply(b, store([903], toks=tokens(5), lora="adapter"))  # same tokens, another adapter
+    assert b.snapshot().computed["routing"] == 2 * BS
+    apply(b, store([904], toks=tokens(6), extra=[["salt"]]))
+    apply(a, store([13], toks=tokens(6)))  # no salt: another content
+    assert a.snapshot().computed["routing"] == 0
+
+
+def test_eviction_then_recompute_and_a_lower_tier_joined_by_hash() -> None:
+    m = TargetMirror(FleetContent("m"))
+    apply(m, store([1, 2], toks=tokens(3, 2)))
+    apply(m, BlockRemoved(block_hashes=[1, 2], medium="GPU"))
+    apply(m, store([1, 2], toks=tokens(3, 2)))
+    assert m.snapshot().computed["eviction"] == 2 * BS
+    # A CPU tier that sends no token ids: its blocks join the device's by hash.
+    apply(m, store([1, 2], parent=None, medium="CPU"))
+    apply(m, BlockRemoved(block_hashes=[1, 2], medium="GPU"))
+    apply(m, store([1, 2], toks=tokens(3, 2)))
+    snap = m.snapshot()
+    assert snap.loaded == {"CPU": 2 * BS}
+    assert snap.computed["eviction"] == 2 * BS  # unchanged: loaded, not computed
+    assert snap.resident == {"GPU": 2, "CPU": 2}
+
+
+def test_bytes_hashes_unknown_parents_and_bad_token_counts() -> None:
+    m = TargetMirror(FleetContent("m"))
+    h = [b"\x01" * 32, b"\x02" * 32]
+    apply(m, store(h, toks=tokens(4, 2)))
+    apply(m, store([b"\x03" * 32], parent=h[1], toks=tokens(8)))
+    apply(m, store([b"\x04" * 32], parent=b"\x09" * 32, toks=tokens(9)))
+    apply(m, store([b"\x05" * 32], toks=tokens(9)[:5]))
+    snap = m.snapshot()
+    assert snap.resident == {"GPU": 5}
+    assert snap.errors == {"unknown_parent": 1, "token_count": 1}
+
+
+def test_the_caps_are_counted() -> None:
+    m = TargetMirror(FleetContent("m", max_blocks=50), max_resident=10)
+    apply(m, store(range(8), toks=tokens(1, 8)))
+    apply(m, store(range(100, 108), toks=tokens(2, 8)))
+    snap = m.snapshot()
+    assert snap.resident == {"GPU": 10} and snap.stored == {"GPU": 16}
+    assert snap.errors["mirror_full"] == 6
+    apply(m, BlockRemoved(block_hashes=list(range(8)) + list(range(100, 102)), medium="GPU"))
+    for i in range(10):
+        apply(m, store(range(1000 + 8 * i, 1008 + 8 * i), toks=tokens(10 + i, 8)))
+        apply(m, BlockRemoved(block_hashes=list(range(1000 + 8 * i, 1008 + 8 * i)),
+                              medium="GPU"))
+    assert len(m.fleet.blocks) <= 50
+    assert m.snapshot().errors["history_full"] > 0
+
+
+def test_the_config_keys_and_their_errors(tmp_path) -> None:
+    cfg = build_config(targets=["http://h:8000/metrics"], kv_events="tcp://h:5557", environ={})
+    assert cfg.targets[0].kv_events == "tcp://h:5557"
+    for bad in ("h:5557", "tcp://h", "tcp://h:70000", "http://h:5557"):
+        with pytest.raises(ConfigError, match="KV events endpoint"):
+            build_config(targets=["http://h:8000/metrics"], kv_events=bad, environ={})
+    with pytest.raises(ConfigError, match="one target"):
+        build_config(targets=["http://a:1/metrics", "http://b:1/metrics"],
+                     kv_events="tcp://h:5557", environ={})
+    path = tmp_path / "c.yml"
+    path.write_text("kv_events_listen: tcp://0.0.0.0:*\nkv_events_topics: {t: nobody}\n"
+                    "targets: [{url: 'http://a:1/metrics', name: a}]\n")
+    with pytest.raises(ConfigError, match="names no target"):
+        build_config(config_file=str(path), environ={})
+    path.write_text("targets: [{url: 'http://a:1/metrics', kv_events: 'tcp://a:5557', "
+                    "kv_events_replay: 'tcp://a:5558', kv_events_topic: kv-events}]\n")
+    target = build_config(config_file=str(path), environ={}).targets[0]
+    assert (target.kv_events_replay, target.kv_events_topic) == ("tcp://a:5558", "kv-events")
