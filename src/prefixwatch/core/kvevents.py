@@ -32,9 +32,7 @@ TOO_LARGE = "too_large"
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 
-class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
-
+class _StoredFields(msgspec.Struct, gc=False):
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None = None
     token_ids: list[int] = []
@@ -45,31 +43,31 @@ class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False)
     extra_keys: list[Any] | None = None
 
 
-class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
-
+class _RemovedFields(msgspec.Struct, gc=False):
     block_hashes: list[BlockHash]
     medium: str | None = None
+
+
+# vLLM 0.33's maps, tagged by "type" (fields in any order, defaults omitted) ...
+class BlockStored(_StoredFields, tag_field="type", tag="BlockStored"):
+    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
+
+
+class BlockRemoved(_RemovedFields, tag_field="type", tag="BlockRemoved"):
+    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
 
 
 class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
     """The engine dropped every cached block (reset_prefix_cache, a restart)."""
 
 
-class _ArrayStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None = None
-    token_ids: list[int] = []
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[Any] | None = None
+# ... and the positional arrays of other releases: the tag first, the same fields in order.
+class _ArrayStored(_StoredFields, array_like=True, tag="BlockStored"):
+    pass
 
 
-class _ArrayRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
-    block_hashes: list[BlockHash]
-    medium: str | None = None
+class _ArrayRemoved(_RemovedFields, array_like=True, tag="BlockRemoved"):
+    pass
 
 
 class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):

@@ -292,23 +292,12 @@ class TargetMirror:
                     chain.append(None)
                 else:
                     chain.append(node)  # layout or novel: decided below
-            entry = res.get(h)
-            if entry is None:
-                if stored_here >= room:
-                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                    self.stored[medium] = self.stored.get(medium, 0) + n
-                    break
-                res[h] = [node, ts]
-            else:
-                if entry[0] is None:
-                    entry[0] = node
-                entry.append(ts)
+            if not _hold(res, h, node, ts, rid, stored_here < room):
+                self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                self.stored[medium] = self.stored.get(medium, 0) + n
+                break
             stored_here += 1
-            if node is not None:
-                node.holders[rid] = node.holders.get(rid, 0) + 1
-                parent = node
-            else:
-                parent = None
+            parent = node
         else:
             self.stored[medium] = self.stored.get(medium, 0) + n
         self.resident_count[medium] = self.resident_count.get(medium, 0) + stored_here
@@ -354,19 +343,10 @@ class TargetMirror:
                 parent = node
             else:
                 node = self._lookup(h)  # no token ids: joined to the device's block by hash
-            entry = res.get(h)
-            if entry is None:
-                if held >= room:
-                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                    break
-                res[h] = [node, ts]
-            else:
-                if entry[0] is None:
-                    entry[0] = node
-                entry.append(ts)
+            if not _hold(res, h, node, ts, rid, held < room):
+                self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                break
             held += 1
-            if node is not None:
-                node.holders[rid] = node.holders.get(rid, 0) + 1
         self.resident_count[medium] = self.resident_count.get(medium, 0) + held
         self._total += held
 
@@ -515,6 +495,24 @@ class MirrorSnapshot:
     @property
     def computed_tokens(self) -> int:
         return sum(self.computed.values())
+
+
+def _hold(res: dict[Any, list], h: Any, node: Block | None, ts: float, rid: int,
+          room: bool) -> bool:
+    """One more resident copy of block ``h`` (and of its content, for replica ``rid``);
+    False when it is a new hash and there is no ``room``."""
+    entry = res.get(h)
+    if entry is None:
+        if not room:
+            return False
+        res[h] = [node, ts]
+    else:
+        if entry[0] is None:
+            entry[0] = node
+        entry.append(ts)
+    if node is not None:
+        node.holders[rid] = node.holders.get(rid, 0) + 1
+    return True
 
 
 def _path_tokens(node: Block, skip: int, want: int) -> list[int]:

@@ -132,6 +132,9 @@ class _Loop:
             self.run()
         except zmq.ContextTerminated:
             return
+        except zmq.ZMQError as exc:  # an endpoint that cannot be bound or connected
+            log.error("kv events: %s: %s; this stream stays down", self.endpoint, exc)
+            self.on_failure()
         except Exception:  # a bug must not end silently: it is logged, the exporter goes on
             log.exception("kv events: %s failed", self.endpoint)
             self.on_failure()
@@ -141,6 +144,34 @@ class _Loop:
 
     def run(self) -> None:  # pragma: no cover - subclasses
         raise NotImplementedError
+
+    def read(self, sock: zmq.Socket, monitor: zmq.Socket, connected: Callable[[bool], None],
+             handle: Callable[[list[bytes]], None]) -> None:
+        """Read ``sock`` until stopped: each message to ``handle``, in bursts; the monitor's
+        handshakes and disconnects to ``connected``. Closes both sockets at the end."""
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        peers = 0
+        try:
+            while not self.stop.is_set():
+                ready = dict(poller.poll(int(TICK * 1000)))
+                if monitor in ready:
+                    event = recv_monitor_message(monitor)["event"]
+                    peers = peers + 1 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else max(
+                        0, peers - 1)
+                    connected(peers > 0)
+                if sock in ready:
+                    for _ in range(256):  # a burst, then look at the monitor and stop again
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        handle(frames)
+        finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
 
 
 class Subscription(_Loop):
@@ -167,30 +198,11 @@ class Subscription(_Loop):
                                           | zmq.EVENT_DISCONNECTED)
         sock.connect(self.endpoint)
         log.info("kv events of %s: subscribing to %s", self.source.target, self.endpoint)
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        peers = 0
         try:
-            while not self.stop.is_set():
-                ready = dict(poller.poll(int(TICK * 1000)))
-                if monitor in ready:
-                    event = recv_monitor_message(monitor)["event"]
-                    peers = peers + 1 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else max(
-                        0, peers - 1)
-                    self.source.set_connected(peers > 0)
-                if sock in ready:
-                    for _ in range(256):  # a burst, then look at the monitor and stop again
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self.source.ingest(frames, self.replayer)
+            self.read(sock, monitor, self.source.set_connected,
+                      lambda frames: self.source.ingest(frames, self.replayer))
         finally:
             self.source.set_connected(False)
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            sock.close(linger=0)
             if self.replayer is not None:
                 self.replayer.close()
 
@@ -219,36 +231,19 @@ class Listener(_Loop):
         sock.bind(self.endpoint)
         self.bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("kv events: listening on %s for %d target(s)", self.bound, len(self.sources))
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        peers = 0
-        try:
-            while not self.stop.is_set():
-                ready = dict(poller.poll(int(TICK * 1000)))
-                if monitor in ready:
-                    event = recv_monitor_message(monitor)["event"]
-                    peers = peers + 1 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else max(
-                        0, peers - 1)
-                    for source in self.sources:
-                        source.set_connected(peers > 0)
-                if sock in ready:
-                    for _ in range(256):
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        target = self.route(frames[0]) if len(frames) == 3 else None
-                        if target is None:
-                            if len(frames) == 3:
-                                self.unrouted.count("unknown_topic")
-                            else:
-                                self.unrouted.count(kvevents.FRAMES)
-                            continue
-                        target.ingest(frames)
-        finally:
+
+        def connected(up: bool) -> None:
             for source in self.sources:
-                source.set_connected(False)
-            sock.disable_monitor()
-            monitor.close(linger=0)
-            sock.close(linger=0)
+                source.set_connected(up)
+
+        try:
+            self.read(sock, monitor, connected, self._route)
+        finally:
+            connected(False)
+
+    def _route(self, frames: list[bytes]) -> None:
+        target = self.route(frames[0]) if len(frames) == 3 else None
+        if target is not None:
+            target.ingest(frames)
+        else:
+            self.unrouted.count("unknown_topic" if len(frames) == 3 else kvevents.FRAMES)
