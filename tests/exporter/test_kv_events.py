@@ -90,20 +90,23 @@ class Bench:
         self.ctx.destroy(linger=0)
 
 
+def _replayed(tmp_path, replicas: int, name: str):
+    bench = Bench(tmp_path, replicas, name)
+    try:
+        bench.replay()
+        yield bench
+    finally:
+        bench.close()
+
+
 @pytest.fixture
 def fleet(tmp_path):
-    bench = Bench(tmp_path, 2, "fleet")
-    bench.replay()
-    yield bench
-    bench.close()
+    yield from _replayed(tmp_path, 2, "fleet")
 
 
 @pytest.fixture
 def offload(tmp_path):
-    bench = Bench(tmp_path, 1, "offload")
-    bench.replay()
-    yield bench
-    bench.close()
+    yield from _replayed(tmp_path, 1, "offload")
 
 
 def test_fleet_blocks_per_replica_and_medium_equal_the_recording(fleet) -> None:
