@@ -15,11 +15,13 @@ decoded again event by event, so one odd event costs only itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 BlockHash = int | bytes
+#: A token id as the mirror packs it (4 bytes); anything else makes the event malformed.
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 #: Reasons a message or an event is not used (prefixwatch_kv_events_errors_total).
 MALFORMED = "malformed_payload"
@@ -35,7 +37,7 @@ REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 class _StoredFields(msgspec.Struct, gc=False):
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None = None
-    token_ids: list[int] = []
+    token_ids: list[TokenId] = []
     block_size: int = 0
     lora_id: int | None = None
     medium: str | None = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,10 +53,10 @@ class Block:
 
     __slots__ = ("cid", "parent", "edge", "end", "children", "holders", "evicted")
 
-    def __init__(self, cid: int, parent: Block | None, edge: list[int], end: int) -> None:
+    def __init__(self, cid: int, parent: Block | None, edge: array, end: int) -> None:
         self.cid = cid
         self.parent = parent
-        self.edge = edge  # the block's token ids (the event's own slice; empty for a root)
+        self.edge = edge  # the block's token ids, packed (4 bytes each; empty for a root)
         self.end = end  # absolute token depth after this block
         self.children: dict[int, Block] = {}
         #: replica id -> resident copies, every medium; no entry at 0.
@@ -79,7 +80,7 @@ class FleetContent:
     def root(self, key: Any) -> Block:
         node = self.roots.get(key)
         if node is None:
-            node = self.roots[key] = Block(hash(("root", key)), None, [], 0)
+            node = self.roots[key] = Block(hash(("root", key)), None, array("I"), 0)
         return node
 
     def new_replica_id(self) -> int:
@@ -264,7 +265,7 @@ class TargetMirror:
                     cid = hash((parent.cid, None, *part))
                 node = blocks.get(cid)
                 if node is None:
-                    node = Block(cid, parent, part, parent.end + bs)
+                    node = Block(cid, parent, array("I", part), parent.end + bs)
                     blocks[cid] = node
                     parent.children[cid] = node
                     if created_at < 0:
@@ -338,7 +339,7 @@ class TargetMirror:
                 cid = hash((parent.cid, key, *part))
                 node = blocks.get(cid)
                 if node is None:
-                    node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
+                    node = blocks[cid] = Block(cid, parent, array("I", part), parent.end + bs)
                     parent.children[cid] = node
                 parent = node
             else:
@@ -360,7 +361,7 @@ class TargetMirror:
             start = self._divergence(new, created_at, toks, bs) if new is not None else None
             if start is not None:
                 first, j, depth = start
-                end = layout_end_from(toks[created_at * bs:], j, first, depth, bs)
+                end = layout_end_from(array("I", toks[created_at * bs:]), j, first, depth, bs)
                 if end:
                     layout_until = created_at + end // bs
         for i, node in enumerate(chain):

@@ -347,8 +347,9 @@ KV_LIFETIME_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1800,
                                           21600, 86400)
 #: Limits of one exporter's mirrors: content blocks remembered per model (the oldest no replica
 #: holds are forgotten first) and resident copies per target; past them, counted reasons.
-KV_MAX_CONTENT_BLOCKS = 1_000_000
-KV_MAX_RESIDENT_BLOCKS = 2_000_000
+#: A mirrored block costs about 1.2 KB (benchmarks/bench_kv_events.py's frames).
+KV_MAX_CONTENT_BLOCKS = 262_144
+KV_MAX_RESIDENT_BLOCKS = 1_048_576
 #: A message larger than this is dropped (too_large).
 KV_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Messages queued per subscription socket before ZMQ drops (its receive high-water mark).
