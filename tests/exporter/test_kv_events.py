@@ -273,8 +273,9 @@ def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
             pub.setsockopt(zmq.LINGER, 0)
             pub.connect(exp.kv.listener.bound)
             pubs.append(pub)
-        wait_for(lambda: value(exp.registry, "prefixwatch_kv_events_up",
-                               target="replica-0") == 1.0, what="engines connected")
+        wait_for(lambda: exp.kv.listener.peers == 2, what="both engines connected")
+        # Connected, but no message of its topic yet: not up.
+        assert value(exp.registry, "prefixwatch_kv_events_up", target="replica-0") == 0.0
         time.sleep(0.3)  # a PUB that just connected drops what it sends before the handshake
         for sent, msg in enumerate(recording("fleet"), start=1):
             replica = int(msg.topic.split(b"@")[1].split(b"-")[1])
@@ -287,6 +288,7 @@ def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
                                target=listen_label, reason="unknown_topic") == 1,
                  what="an unknown topic counted")
         for target, stored in (("replica-0", 2400), ("replica-1", 1266)):
+            assert value(exp.registry, "prefixwatch_kv_events_up", target=target) == 1.0
             assert value(exp.registry, "prefixwatch_kv_blocks_total", target=target,
                          medium="GPU", op="stored") == stored
         assert value(exp.registry, "prefixwatch_kv_computed_tokens_total", target="replica-1",

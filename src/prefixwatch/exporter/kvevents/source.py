@@ -77,9 +77,14 @@ class KvSource:
 
     def set_connected(self, connected: bool) -> None:
         with self.lock:
-            if self.connected and not connected:
+            was = self.connected
+            if was and not connected:
                 self.errors["disconnected"] = self.errors.get("disconnected", 0) + 1
             self.connected = connected
+        if was != connected:
+            log.log(logging.INFO if connected else logging.WARNING,
+                    "kv events of %s: %s", self.target,
+                    "connected" if connected else "disconnected (reconnecting with backoff)")
 
     def ingest(self, frames: list[bytes], replay: Replay | None = None) -> None:
         """One received message; never raises on bad input (it is counted instead)."""

@@ -145,10 +145,10 @@ class _Loop:
     def run(self) -> None:  # pragma: no cover - subclasses
         raise NotImplementedError
 
-    def read(self, sock: zmq.Socket, monitor: zmq.Socket, connected: Callable[[bool], None],
+    def read(self, sock: zmq.Socket, monitor: zmq.Socket, connected: Callable[[int], None],
              handle: Callable[[list[bytes]], None]) -> None:
-        """Read ``sock`` until stopped: each message to ``handle``, in bursts; the monitor's
-        handshakes and disconnects to ``connected``. Closes both sockets at the end."""
+        """Read ``sock`` until stopped: each message to ``handle``, in bursts; the count of
+        connected peers (handshakes less disconnects) to ``connected``. Closes both sockets."""
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -160,7 +160,7 @@ class _Loop:
                     event = recv_monitor_message(monitor)["event"]
                     peers = peers + 1 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else max(
                         0, peers - 1)
-                    connected(peers > 0)
+                    connected(peers)
                 if sock in ready:
                     for _ in range(256):  # a burst, then look at the monitor and stop again
                         try:
@@ -199,7 +199,7 @@ class Subscription(_Loop):
         sock.connect(self.endpoint)
         log.info("kv events of %s: subscribing to %s", self.source.target, self.endpoint)
         try:
-            self.read(sock, monitor, self.source.set_connected,
+            self.read(sock, monitor, lambda peers: self.source.set_connected(peers > 0),
                       lambda frames: self.source.ingest(frames, self.replayer))
         finally:
             self.source.set_connected(False)
@@ -220,6 +220,7 @@ class Listener(_Loop):
         self.sources = sources
         self.unrouted = unrouted  # where messages of unknown topics are counted
         self.bound: str | None = None
+        self.peers = 0  # engines connected
 
     def run(self) -> None:
         sock = self.ctx.socket(zmq.SUB)
@@ -232,18 +233,22 @@ class Listener(_Loop):
         self.bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("kv events: listening on %s for %d target(s)", self.bound, len(self.sources))
 
-        def connected(up: bool) -> None:
+        def connected(peers: int) -> None:
+            # A target is up once its own topic has spoken, while any engine is connected.
+            self.peers = peers
             for source in self.sources:
-                source.set_connected(up)
+                source.set_connected(peers > 0 and source.messages > 0)
 
         try:
             self.read(sock, monitor, connected, self._route)
         finally:
-            connected(False)
+            connected(0)
 
     def _route(self, frames: list[bytes]) -> None:
         target = self.route(frames[0]) if len(frames) == 3 else None
         if target is not None:
             target.ingest(frames)
+            if self.peers and not target.connected:
+                target.set_connected(True)
         else:
             self.unrouted.count("unknown_topic" if len(frames) == 3 else kvevents.FRAMES)
