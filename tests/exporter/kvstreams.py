@@ -78,7 +78,7 @@ class Publisher:
         self.sock.close(linger=0)
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
+def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition"
              ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
