@@ -54,7 +54,8 @@ def render_landing(exporter: Exporter) -> str:
         "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
         "<th>hit ratio (device, effective)</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
-        + tier_section(exporter, window) + ledger_section(exporter, window)
+        + tier_section(exporter, window) + kv_section(exporter)
+        + ledger_section(exporter, window)
         + charts_section(exporter, time.time())
         + "</body></html>")
 
@@ -117,6 +118,27 @@ def ledger_section(exporter: Exporter, window: str | None) -> str:
     return (f"<h2>Where the prompt tokens went ({html.escape(str(window))}, "
             "docs/runbooks.md#the-hit-rate-ledger)</h2><pre>"
             + html.escape("\n".join(lines)) + "</pre>")
+
+
+def kv_section(exporter: Exporter) -> str:
+    """Each KV event stream: connected, what it held and stored, what was lost or refused."""
+    rows = []
+    for source in exporter.kv.all_sources():
+        up, lost, errors, snap = source.read()
+        refused = ", ".join(f"{r} {n}" for r, n in sorted(errors.items()) if n) or "-"
+        resident = ", ".join(f"{m} {n:,}" for m, n in sorted(snap.resident.items())) if snap \
+            else "-"
+        stored = ", ".join(f"{m} {n:,}" for m, n in sorted(snap.stored.items())) if snap \
+            else "-"
+        cells = (source.target, "up" if up else "down", f"{source.messages:,}", stored,
+                 resident, f"{lost:,}", refused)
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in ("target", "stream", "messages", "blocks stored",
+                                             "resident", "lost", "not used (reason count)"))
+    return ("<h2>KV event streams (README: KV events)</h2><table class='kv'><tr>" + head
+            + "</tr>" + "".join(rows) + "</table>")
 
 
 def event_ledger_section(exporter: Exporter, window: str | None) -> str:
