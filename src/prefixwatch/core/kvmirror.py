@@ -51,18 +51,26 @@ RECENT_REMOVED = 65_536
 class Block:
     """One content block: its tokens, its place in the chain, and who holds it."""
 
-    __slots__ = ("cid", "parent", "edge", "end", "children", "holders", "evicted")
+    __slots__ = ("cid", "parent", "raw", "end", "children", "holders", "evicted")
 
-    def __init__(self, cid: int, parent: Block | None, edge: array, end: int) -> None:
+    def __init__(self, cid: int, parent: Block | None, raw: bytes, end: int) -> None:
         self.cid = cid
         self.parent = parent
-        self.edge = edge  # the block's token ids, packed (4 bytes each; empty for a root)
+        self.raw = raw  # the block's token ids as 4-byte words (b"" for a root)
         self.end = end  # absolute token depth after this block
         self.children: dict[int, Block] = {}
         #: replica id -> resident copies, every medium; no entry at 0.
         self.holders: dict[int, int] = {}
         #: Bit i set: replica i removed a copy of this content.
         self.evicted = 0
+
+    @property
+    def edge(self) -> array:
+        """The tokens as ``array('I')``, made when asked (the layout search, a divergence):
+        the raw words are what identity hashes, and far cheaper to keep."""
+        out = array("I")
+        out.frombytes(self.raw)
+        return out
 
 
 class FleetContent:
@@ -80,7 +88,7 @@ class FleetContent:
     def root(self, key: Any) -> Block:
         node = self.roots.get(key)
         if node is None:
-            node = self.roots[key] = Block(hash(("root", key)), None, array("I"), 0)
+            node = self.roots[key] = Block(hash(("root", key)), None, b"", 0)
         return node
 
     def new_replica_id(self) -> int:
@@ -254,18 +262,20 @@ class TargetMirror:
         room = self.max_resident - self._total
         stored_here = 0
         with_tokens = bool(toks) and parent is not None
+        words = array("I", toks).tobytes() if with_tokens else b""
+        width = 4 * bs
         for i in range(n):
             h = hashes[i]
             node: Block | None
             if with_tokens and parent is not None:
-                part = toks[i * bs:(i + 1) * bs]
+                part = words[i * width:(i + 1) * width]
                 if extra and i < len(extra) and extra[i] is not None:
-                    cid = hash((parent.cid, _freeze(extra[i]), *part))
+                    cid = hash((parent.cid, _freeze(extra[i]), part))
                 else:
-                    cid = hash((parent.cid, None, *part))
+                    cid = hash((parent.cid, None, part))
                 node = blocks.get(cid)
                 if node is None:
-                    node = Block(cid, parent, array("I", part), parent.end + bs)
+                    node = Block(cid, parent, part, parent.end + bs)
                     blocks[cid] = node
                     parent.children[cid] = node
                     if created_at < 0:
@@ -330,16 +340,18 @@ class TargetMirror:
         blocks, rid, extra = self.fleet.blocks, self.rid, ev.extra_keys
         room = self.max_resident - self._total
         held = 0
+        words = array("I", toks).tobytes() if parent is not None else b""
+        width = 4 * bs
         for i in range(n):
             h = hashes[i]
             if parent is not None:
-                part = toks[i * bs:(i + 1) * bs]
+                part = words[i * width:(i + 1) * width]
                 key = _freeze(extra[i]) if extra and i < len(extra) and extra[i] is not None \
                     else None
-                cid = hash((parent.cid, key, *part))
+                cid = hash((parent.cid, key, part))
                 node = blocks.get(cid)
                 if node is None:
-                    node = blocks[cid] = Block(cid, parent, array("I", part), parent.end + bs)
+                    node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
                     parent.children[cid] = node
                 parent = node
             else:
