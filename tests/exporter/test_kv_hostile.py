@@ -309,3 +309,42 @@ def test_sigterm_ends_the_exporter_with_a_subscription_within_2s(tmp_path) -> No
         pub.close()
         ctx.destroy(linger=0)
         page.close()
+
+
+_CHILD = """
+import sys, time, zmq
+ctx = zmq.Context()
+pub = ctx.socket(zmq.PUB)
+pub.setsockopt(zmq.HEARTBEAT_IVL, 100)  # pings the subscriber too: both sides are libzmq
+port = pub.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_publisher_that_stops_answering_is_dropped_by_its_heartbeat(tmp_path, monkeypatch
+                                                                       ) -> None:
+    """A publisher process stopped (SIGSTOP) after the connection: no more pongs, the
+    subscription's heartbeat times out, the stream is down and counted, the other goes on."""
+    from prefixwatch.exporter.kvevents import subscriber
+
+    monkeypatch.setattr(subscriber, "HEARTBEAT_MS", 200)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+        p = Pair(tmp_path, bad_endpoint=f"tcp://127.0.0.1:{port}")
+        try:
+            wait_for(lambda: p.v("prefixwatch_kv_events_up", target="bad") == 1.0,
+                     what="connected")
+            child.send_signal(signal.SIGSTOP)
+            wait_for(lambda: p.v("prefixwatch_kv_events_up", target="bad") == 0.0,
+                     timeout=15, what="the heartbeat timed out")
+            assert p.err("disconnected") >= 1
+            p.good_still_works()
+        finally:
+            p.close()
+    finally:
+        child.send_signal(signal.SIGCONT)
+        child.kill()
+        child.wait(5)
