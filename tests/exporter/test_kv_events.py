@@ -37,6 +37,23 @@ def _truth(name: str, replica: str) -> dict[str, int]:
             "tail": prompt - cached - blocks * BS, "requests": len(rows)}
 
 
+def _request_ledger(name: str) -> dict[str, dict[str, int]]:
+    """The request ledger (core/ledger.py) of the recording's requests, per replica: the same
+    definitions, computed from the prompts instead of the stream."""
+    from prefixwatch.core.ledger import Ledger
+    from prefixwatch.core.prefixindex import PrefixIndex
+
+    index, ledger, out = PrefixIndex(BS), Ledger(BS), {}
+    for r in requests_of(name):
+        result = index.add(r["prompt_token_ids"])
+        parts = ledger.account(index, r["prompt_token_ids"], None, result, result.divergence,
+                               r["replica"], r["cached_tokens"])
+        mine = out.setdefault(r["replica"], {"layout": 0, "routing": 0})
+        mine["layout"] += parts.layout
+        mine["routing"] += parts.routing
+    return out
+
+
 class Bench:
     """Exporter + one PageServer and one Publisher per replica."""
 
@@ -146,6 +163,11 @@ def test_fleet_computed_parts_follow_the_per_request_truth(fleet) -> None:
         truth = _truth("fleet", target)
         computed = sum(part(target, p) for p in ("eviction", "routing", "layout", "novel"))
         assert computed == truth["computed"]
+        # Two sources, one definition: the stream's layout and routing are the request
+        # ledger's over the same prompts, to the token.
+        logged = _request_ledger("fleet")[target]
+        assert (part(target, "layout"), part(target, "routing")) == (logged["layout"],
+                                                                     logged["routing"])
 
 
 def test_offload_host_hit_is_loaded_not_computed(offload) -> None:
@@ -163,6 +185,8 @@ def test_offload_host_hit_is_loaded_not_computed(offload) -> None:
     assert computed == truth["computed"]
     assert offload.v("prefixwatch_kv_computed_tokens_total", target=t, model_name=MODEL,
                      part="eviction") == 0
+    assert offload.v("prefixwatch_kv_computed_tokens_total", target=t, model_name=MODEL,
+                     part="layout") == _request_ledger("offload")[t]["layout"]
     for medium in ("GPU", "CPU"):
         assert offload.v("prefixwatch_kv_resident_blocks", target=t, medium=medium) == (
             offload.v("prefixwatch_kv_blocks_total", target=t, medium=medium, op="stored")
