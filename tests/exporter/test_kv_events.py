@@ -443,3 +443,28 @@ def test_divergence_positions_and_kinds_from_the_targets_detokenize(tmp_path) ->
         pub.close()
         server.close()
         ctx.destroy(linger=0)
+
+
+def test_the_exporters_own_page_carries_the_kv_families(fleet) -> None:
+    """Over HTTP, in the text format Prometheus reads (and promtool's lint, when installed)."""
+    import shutil
+    import subprocess
+
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = requests.get(f"http://127.0.0.1:{fleet.exp.port}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    for name in ("prefixwatch_kv_events_up", "prefixwatch_kv_events",
+                 "prefixwatch_kv_events_errors", "prefixwatch_kv_events_lost",
+                 "prefixwatch_kv_blocks", "prefixwatch_kv_resident_blocks",
+                 "prefixwatch_kv_block_lifetime_seconds", "prefixwatch_kv_computed_tokens",
+                 "prefixwatch_kv_divergence_position_tokens", "prefixwatch_ledger_tokens",
+                 "prefixwatch_ledger_ratio"):
+        assert name in families, name
+    promtool = shutil.which("promtool")
+    if promtool:
+        kv = "\n".join(line for line in body.splitlines() if "prefixwatch_kv_" in line) + "\n"
+        lint = subprocess.run([promtool, "check", "metrics"], input=kv, text=True,
+                              capture_output=True, timeout=30)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
