@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from prefixwatch.core import kvevents, names
@@ -17,6 +18,10 @@ from prefixwatch.core.kvevents import BatchDecoder, DecodeError
 from prefixwatch.core.kvmirror import FleetContent, MirrorSnapshot, TargetMirror
 
 log = logging.getLogger("prefixwatch.exporter.kvevents")
+
+#: Batches held while the target's model is not known yet (its first poll), at most.
+HOLD_MESSAGES = 1024
+HOLD_SECONDS = 10.0
 
 #: replay(start_seq) -> the (seq, payload) pairs the endpoint sent back, or the reason it failed.
 Replay = Callable[[int], "list[tuple[int, bytes]] | str"]
@@ -68,6 +73,8 @@ class KvSource:
         self.kinds: dict[str, int] = {}
         self._next: dict[bytes, int] = {}
         self._decoder = BatchDecoder()
+        self._held: list[kvevents.Batch] = []  # batches before the model is known
+        self._held_since = 0.0
 
     # -- the stream ------------------------------------------------------------------------------
 
@@ -141,21 +148,41 @@ class KvSource:
             with self.lock:
                 self.decoding = False
             return
-        mirror = self.mirror or self._start_mirror(topic)
+        mirror = self.mirror
+        if mirror is None:
+            model = model_from_topic(topic) or self.model_hint()
+            waited = time.monotonic() - self._held_since if self._held else 0.0
+            if model is None and len(self._held) < HOLD_MESSAGES and waited < HOLD_SECONDS:
+                # The model is not known yet (the target's first poll is under way): hold the
+                # first batches rather than file them under no model for good.
+                if not self._held:
+                    self._held_since = time.monotonic()
+                self._held.append(batch)
+                with self.lock:
+                    self.messages += 1
+                    self.decoding = True
+                return
+            mirror = self._start_mirror(topic, model or "")
+            held, self._held = self._held, []
+            for early in held:
+                self._into(mirror, early)
+        if self._into(mirror, batch):
+            with self.lock:
+                self.messages += 1
+                self.decoding = True
+
+    def _into(self, mirror: TargetMirror, batch: kvevents.Batch) -> bool:
         try:
             mirror.apply(batch)
         except (TypeError, ValueError, OverflowError, KeyError, IndexError) as exc:
-            # Values the types allow but the mirror cannot hold (a token id past 2**32, ...):
-            # the rest of the batch is lost, the stream goes on.
+            # Values the types allow but the mirror cannot hold: the rest of the batch is
+            # lost, the stream goes on.
             self.count(kvevents.MALFORMED)
             log.debug("kv events of %s: batch not applied (%s)", self.target, exc)
-            return
-        with self.lock:
-            self.messages += 1
-            self.decoding = True
+            return False
+        return True
 
-    def _start_mirror(self, topic: bytes) -> TargetMirror:
-        model = model_from_topic(topic) or self.model_hint() or ""
+    def _start_mirror(self, topic: bytes, model: str) -> TargetMirror:
         mirror = TargetMirror(self.fleets.fleet(model), max_resident=self.max_resident)
         with self.lock:
             self.mirror = mirror
