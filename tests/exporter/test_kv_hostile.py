@@ -348,3 +348,36 @@ def test_a_publisher_that_stops_answering_is_dropped_by_its_heartbeat(tmp_path, 
         child.send_signal(signal.SIGCONT)
         child.kill()
         child.wait(5)
+
+
+def test_a_restarted_engine_is_reconnected_and_its_mirror_starts_again(tmp_path) -> None:
+    ctx = zmq.Context()
+    first = Publisher(ctx)
+    endpoint = first.endpoint
+    p = Pair(tmp_path, bad_endpoint=endpoint)
+    try:
+        first.wait_subscribed()
+        src = p.exp.kv.sources["bad"]
+        for seq in range(3):
+            first.send(msg(seq, batch(stored([seq]))))
+        wait_for(lambda: src.messages == 3, what="the first engine's messages")
+        first.close()
+        wait_for(lambda: p.v("prefixwatch_kv_events_up", target="bad") == 0.0,
+                 what="down with the engine")
+        second = ctx.socket(zmq.XPUB)
+        second.setsockopt(zmq.LINGER, 0)
+        second.bind(endpoint)  # the restarted engine, same endpoint
+        try:
+            if not second.poll(20_000):
+                raise AssertionError("not reconnected")
+            second.recv()
+            second.send_multipart(msg(0, batch(stored([50]))))
+            wait_for(lambda: p.err("sequence_restart") == 1, what="the restart seen")
+            assert p.v("prefixwatch_kv_events_up", target="bad") == 1.0
+            assert p.v("prefixwatch_kv_resident_blocks", target="bad", medium="GPU") == 1
+            assert p.err("disconnected") >= 1
+        finally:
+            second.close(linger=0)
+    finally:
+        p.close()
+        ctx.destroy(linger=0)
