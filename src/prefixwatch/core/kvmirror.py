@@ -228,11 +228,13 @@ class TargetMirror:
         return self._recent.get(h)
 
     def _store(self, ev: Any, ts: float) -> None:
+        """A device store: residency, content, and why each block had to be computed (or
+        which lower tier of this replica supplied it)."""
         hashes = ev.block_hashes
         n = len(hashes)
         if not n:
             return
-        medium = ev.medium or DEVICE
+        medium = DEVICE
         bs = ev.block_size or self.block_size
         self.block_size = bs
         toks = ev.token_ids
@@ -248,9 +250,7 @@ class TargetMirror:
                 self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
                 parent = fleet.root(("unknown parent", ev.lora_name, ev.parent_block_hash))
         extra = ev.extra_keys
-        device = medium == DEVICE
-        lower = ([(m, per) for m, per in self.resident.items() if m != DEVICE and per]
-                 if device else ())
+        lower = [(m, per) for m, per in self.resident.items() if m != DEVICE and per]
         res = self.resident.get(medium)
         if res is None:
             res = self.resident[medium] = {}
@@ -283,26 +283,25 @@ class TargetMirror:
             else:
                 node = self._lookup(h)  # a lower tier's block without tokens: join by hash
             # What this copy is, before it counts as held.
-            if device:
-                source = None
-                for m, per in lower:
-                    if h in per:
-                        source = m
-                        break
-                if source is not None:
-                    self.loaded[source] = self.loaded.get(source, 0) + bs
-                    chain.append(None)
-                elif node is None:
-                    computed["novel"] += bs
-                    chain.append(None)
-                elif node.evicted & bit:
-                    computed["eviction"] += bs
-                    chain.append(None)
-                elif len(node.holders) - (rid in node.holders) > 0:
-                    computed["routing"] += bs
-                    chain.append(None)
-                else:
-                    chain.append(node)  # layout or novel: decided below
+            source = None
+            for m, per in lower:
+                if h in per:
+                    source = m
+                    break
+            if source is not None:
+                self.loaded[source] = self.loaded.get(source, 0) + bs
+                chain.append(None)
+            elif node is None:
+                computed["novel"] += bs
+                chain.append(None)
+            elif node.evicted & bit:
+                computed["eviction"] += bs
+                chain.append(None)
+            elif len(node.holders) - (rid in node.holders) > 0:
+                computed["routing"] += bs
+                chain.append(None)
+            else:
+                chain.append(node)  # layout or novel: decided below
             if not _hold(res, h, node, ts, rid, stored_here < room):
                 self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
                 self.stored[medium] = self.stored.get(medium, 0) + n
@@ -313,7 +312,7 @@ class TargetMirror:
             self.stored[medium] = self.stored.get(medium, 0) + n
         self.resident_count[medium] = self.resident_count.get(medium, 0) + stored_here
         self._total += stored_here
-        if device and chain:
+        if chain:
             self._classify(chain, created_at, toks, bs)
 
     def _store_lower(self, ev: Any, ts: float) -> None:
