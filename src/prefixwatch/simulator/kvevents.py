@@ -222,8 +222,10 @@ class KVEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = 0
         self._seq_lock = threading.Lock()
-        self.dropped = 0
+        #: Batches handed over, sent, and dropped (queue full or past the high-water mark).
+        self.published = 0
         self.sent = 0
+        self.dropped = 0
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
@@ -252,6 +254,7 @@ class KVEventPublisher:
     def publish(self, events: list[KVCacheEvent]) -> None:
         if not events:
             return
+        self.published += 1
         try:
             self._queue.put_nowait(events)
         except queue.Full:
