@@ -51,20 +51,27 @@ def subscriber(endpoint: str) -> zmq.Socket:
     return sock
 
 
-def post_until_event(url: str, sub: zmq.Socket, prompt: list[int]) -> list[list[bytes]]:
-    """Send the prompt until the subscriber hears a message (PUB drops what it sends before
-    the subscription arrives); then collect what follows for a moment."""
+def post_until_event(url: str, sub: zmq.Socket, prompt: list[int] | None = None
+                     ) -> tuple[list[list[bytes]], list[int]]:
+    """Send a prompt until the subscriber hears a message (PUB drops what it sends before the
+    subscription arrives), a new prompt each time unless ``prompt`` is given (a cached one
+    stores nothing); then collect what follows for a moment. Returns the frames and the
+    prompt of the first message."""
     frames: list[list[bytes]] = []
+    sent: list[list[int]] = []
     deadline = time.monotonic() + 15
     while not frames and time.monotonic() < deadline:
-        r = requests.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1},
-                          timeout=5)
+        sent.append(prompt or [10_000 + 100 * len(sent) + j for j in range(40)])
+        r = requests.post(url + "/v1/completions", json={"prompt": sent[-1], "max_tokens": 1},
+                          timeout=10)
         assert r.status_code == 200
         if sub.poll(300):
             frames.append(sub.recv_multipart())
     while sub.poll(300):
         frames.append(sub.recv_multipart())
-    return frames
+    assert frames, "no KV event message within 15 s"
+    first = stored_token_ids(frames[:1])[0]
+    return frames, next(p for p in sent if p[:len(first)] == first)
 
 
 def stored_token_ids(frames: list[list[bytes]]) -> list[list[int]]:
@@ -83,10 +90,9 @@ def test_replica_i_binds_port_n_plus_i_and_publishes_its_own_pool() -> None:
         assert sim.kv_events_endpoints == [f"tcp://127.0.0.1:{base}",
                                            f"tcp://127.0.0.1:{base + 1}"]
         subs = [subscriber(e) for e in sim.kv_events_endpoints]
-        prompt = list(range(300, 340))  # 2 full blocks and a tail of 8
-        frames = post_until_event(f"http://127.0.0.1:{http + 1}", subs[1], prompt)
-        assert frames and all(f[0] == b"kv-events" for f in frames)
-        assert stored_token_ids(frames)[0] == prompt[:32]
+        frames, prompt = post_until_event(f"http://127.0.0.1:{http + 1}", subs[1])
+        assert all(f[0] == b"kv-events" for f in frames)
+        assert stored_token_ids(frames)[0] == prompt[:32]  # 2 full blocks of 40 tokens
         assert not subs[0].poll(200)  # replica 0 served nothing: it published nothing
     finally:
         for s in subs:
@@ -134,12 +140,11 @@ def test_a_restart_is_a_new_process_sequence_from_zero_new_hashes(monkeypatch) -
     base = consecutive_free_ports(2)
     sim = build_simulation(simulation_args(rate=0, port=base, kv_events_port=base + 1))
     sub = subscriber(f"tcp://127.0.0.1:{base + 1}")
-    prompt = list(range(2000, 2040))
     try:
         sim.start()
-        before = post_until_event(f"http://127.0.0.1:{base}", sub, prompt)
-        sim.servers[0].replica.restart()
-        after = post_until_event(f"http://127.0.0.1:{base}", sub, prompt)
+        before, prompt = post_until_event(f"http://127.0.0.1:{base}", sub)
+        sim.servers[0].replica.restart()  # the cache is empty again: the prompt stores again
+        after, _ = post_until_event(f"http://127.0.0.1:{base}", sub, prompt)
     finally:
         sub.close()
         sim.stop()

@@ -31,7 +31,6 @@ of); ``lora_id`` is the adapter's 1-based position in ``--lora-modules`` order.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -246,7 +245,7 @@ class KVEventPublisher:
         self.endpoint = _last_endpoint(self._pub, endpoint)
         self.replay_endpoint = (_last_endpoint(self._replay, replay_endpoint)
                                 if self._replay is not None and replay_endpoint else None)
-        self._running = threading.Event()
+        self._abort = False
         self._thread: threading.Thread | None = None
 
     # -- the engine's side ---------------------------------------------------------------------
@@ -271,12 +270,12 @@ class KVEventPublisher:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._running.set()
+        self._abort = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="kv-events")
         self._thread.start()
 
     def _run(self) -> None:
-        while self._running.is_set() or not self._queue.empty():
+        while not self._abort:
             if self._replay is not None and self._replay.poll(0):
                 self._service_replay()
             try:
@@ -284,7 +283,7 @@ class KVEventPublisher:
             except queue.Empty:
                 continue
             if events is None:
-                break
+                break  # stop(): everything queued before it was sent
             self._send(events)
 
     def _send(self, events: list[KVCacheEvent]) -> None:
@@ -322,13 +321,21 @@ class KVEventPublisher:
             log.warning("KV events replay client is not reading; replay cut short")
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Send what is queued (within ``timeout``), then close the sockets."""
-        if self._thread is not None:
-            self._running.clear()
-            with contextlib.suppress(queue.Full):
+        """Send what is queued, for at most ``timeout`` seconds (then drop the rest), and close
+        the sockets: SIGTERM ends a simulator within 2 s whatever the backlog."""
+        thread = self._thread
+        if thread is not None:
+            try:
                 self._queue.put_nowait(None)
-            self._thread.join(timeout)
+            except queue.Full:
+                self._abort = True
+            thread.join(timeout)
+            if thread.is_alive():
+                self._abort = True
+                thread.join(2 * _POLL_S + 0.1)
             self._thread = None
+            if thread.is_alive():
+                return  # still inside a send: leave the sockets to the exiting process
         self._close_sockets()
 
     def _close_sockets(self) -> None:
