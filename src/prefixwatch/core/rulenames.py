@@ -109,7 +109,8 @@ R_LEDGER_TOKENS = "model_name:prefill_tokens_by_part:rate5m"
 R_LEDGER_SHARE = "model_name:prefill_tokens_by_part:ratio_rate5m"
 
 # KV events: prompt tokens computed per second by why (part: eviction, routing, layout, novel,
-# tail), per model and per replica, and each part's share of the computed tokens.
+# and the tails shorter than a block), per model and per replica, and each part's share of the
+# computed tokens.
 MODEL_PART = "model_name_part"
 MODEL_TARGET_PART = "model_name_target_part"
 

@@ -245,9 +245,9 @@ class Panels:
                         "pool or a host tier), routing (another replica held them: "
                         "prefix-aware routing), layout (the same text after a short "
                         "divergence near the top: move the varying part down), novel (no "
-                        "replica ever held it: nothing to win), tail (the tokens after the "
-                        "last full block, never cacheable). Tokens a lower tier loaded are "
-                        "not computed and not here. "
+                        "replica ever held it: nothing to win), and the tokens after a "
+                        "prompt's last full block (never cacheable). Tokens a lower tier "
+                        "loaded are not computed and not here. "
                         f"{self.cfg.runbook('kv-events-why-tokens-were-computed')}",
             targets=[self.target(expr, legend, "A")],
             unit="percentunit", valueMin=0, valueMax=1,
