@@ -260,8 +260,16 @@ class KVEventPublisher:
             self.dropped += 1
 
     def restart(self) -> None:
-        """A new engine process: sequence numbers start again from 0, the buffer is empty."""
+        """A new engine process: what the old one had queued is gone, sequence numbers start
+        again from 0, the replay buffer is empty."""
         with self._seq_lock:
+            while True:
+                try:
+                    if self._queue.get_nowait() is None:
+                        self._queue.put_nowait(None)  # a stop() under way keeps its sentinel
+                        break
+                except queue.Empty:
+                    break
             self._seq = 0
             self._buffer.clear()
 
