@@ -342,6 +342,28 @@ def test_offload_stream_equals_vllms_until_the_host_tier_serves(offload) -> None
     assert cpu and all(e[0] == "stored" and len(e[4]) == 1 for e in cpu)
 
 
+def test_offload_the_host_hit_step_and_everything_after_it_equal_vllms(offload) -> None:
+    """The request the host tier serves: vLLM allocates the loaded blocks in one step (149
+    evictions), then stores the 150 loaded blocks, evicts 4 more and stores the 3 it computes;
+    the simulator does it in one step: the same evictions in the same order, the same 153
+    blocks stored (one event). Every message after it is vLLM's, one index later."""
+    theirs, mine, owner, _ = offload
+    served = next(k for i, k, phase in owner if phase == "static-after-pressure")
+
+    def removed(messages: list[list[tuple]]) -> list[int]:
+        return [e[2] for m in messages for e in m if e[0] == "removed"]
+
+    def stored(messages: list[list[tuple]]) -> list[int]:
+        return [n for m in messages for e in m if e[0] == "stored" for n in e[4]]
+
+    assert [len(removed([m])) for m in theirs[served:served + 2]] == [149, 4]
+    assert removed(mine[served:served + 1]) == removed(theirs[served:served + 2])
+    assert stored(mine[served:served + 1]) == stored(theirs[served:served + 2])
+    assert len(stored(mine[served:served + 1])) == 153
+    assert mine[served + 1:] == theirs[served + 2:]
+    assert len(mine) == len(theirs) - 1 == 88
+
+
 def test_offload_a_host_load_stores_the_system_prompt_on_the_device_again(offload) -> None:
     """The request served from the host tier: its 150 system-prompt blocks are stored on the
     GPU a second time (not computed: loaded), in both streams; vLLM publishes the loaded blocks
