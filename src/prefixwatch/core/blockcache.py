@@ -17,6 +17,9 @@ The rule (vllm/v1/core/kv_cache_manager.py, block_pool.py, single_type_kv_cache_
   from the head of that queue (least recently freed first), evicting what they cached. A
   request frees its blocks tail first, so a prompt's last blocks go before its first ones.
   Several physical blocks may cache the same identity (two requests computed it at once).
+* Optional event hooks (``BlockPool.events``) report what vLLM's KV event stream reports:
+  blocks cached (once per request and caching call, with the parent's id) and cached blocks
+  evicted when reused; freeing a block reports nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import random
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -82,8 +86,8 @@ def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:
     max_blocks = max(num_tokens - 1, 0) // block_size
     return min(hit_blocks, max_blocks) * block_size
 
-__all__ = ["Admission", "BlockPool", "NoFreeBlocks", "Node", "Residency", "block_ids",
-           "cached_tokens_for", "child_id", "root_id"]
+__all__ = ["Admission", "BlockEvents", "BlockPool", "NoFreeBlocks", "Node", "Residency",
+           "block_ids", "cached_tokens_for", "child_id", "root_id"]
 
 
 class Node:
@@ -160,6 +164,23 @@ class Residency:
         self.listeners.clear()
 
 
+class BlockEvents(Protocol):
+    """Who hears of the pool's stores and evictions (vLLM's BlockStored / BlockRemoved)."""
+
+    def stored(self, parent_id: int | None, block_ids: Sequence[int], tokens: Sequence[int],
+               extra_keys: Hashable = None, first_position: int = 0) -> None:
+        """``block_ids`` were cached after ``parent_id`` (None at a prompt's start); ``tokens``
+        are their token ids, the first block at 0-based block position ``first_position``."""
+
+    def removed(self, block_id: int) -> None:
+        """A cached block holding ``block_id`` was evicted (reused for other content)."""
+
+
+def _parent_id(node: Node) -> int | None:
+    """The id an event names as parent: None for a root (a prompt's start)."""
+    return None if node.parent is None and node.depth < 0 else node.id
+
+
 class NoFreeBlocks(Exception):
     """The pool cannot hand out the blocks asked for."""
 
@@ -187,6 +208,8 @@ class BlockPool:
         self.evictions = 0
         #: Block-residency tracking (vLLM's --kv-cache-metrics); None when off.
         self.residency: Residency | None = None
+        #: Store and eviction hooks (vLLM's KV event stream); None when off.
+        self.events: BlockEvents | None = None
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -275,6 +298,8 @@ class BlockPool:
         self.evictions += 1
         if self.residency is not None:
             self.residency.evicted(block)
+        if self.events is not None:
+            self.events.removed(node.id)
         node.blocks.remove(block)
         self.node_of[block] = None
         # Drop identities that cache nothing and lead nowhere, so the index stays bounded.
@@ -308,6 +333,30 @@ class BlockPool:
             self.node_of[block] = node
         return node
 
+    def cache_blocks(self, parent: Node, blocks: Sequence[tuple[int, ...]],
+                     physical: Sequence[int], extra_keys: Hashable = None) -> list[Node]:
+        """Cache consecutive full ``blocks`` (token tuples) after ``parent`` in the physical
+        blocks ``physical``, as one vLLM ``cache_full_blocks`` call (one stored event)."""
+        if not self.enable_caching or not blocks:
+            return []
+        first = parent.depth + 1
+        nodes = []
+        node = parent
+        for block_tokens, block in zip(blocks, physical, strict=True):
+            node = self.cache(node, block_tokens, block)
+            nodes.append(node)
+        if self.events is not None:
+            self.events.stored(_parent_id(parent), [n.id for n in nodes],
+                               [t for b in blocks for t in b], extra_keys, first)
+        return nodes
+
+    def hold(self, blocks: Sequence[int]) -> None:
+        """Take one more reference on blocks already held (a copy in flight pins them)."""
+        for block in blocks:
+            if self.ref_cnt[block] == 0:
+                del self.free[block]
+            self.ref_cnt[block] += 1
+
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference on each block, tail first; unreferenced blocks become free.
 
@@ -338,15 +387,21 @@ class BlockPool:
         held = self.touch(hit) + self.allocate(needed)
         path = list(hit)
         parent = hit[-1] if hit else self.root(extra_keys)
+        first_parent = parent
         for i in range(len(hit), len(ids)):
             parent = self.cache_id(parent, ids[i], held[i])
             path.append(parent)
+        if self.events is not None and len(ids) > len(hit):
+            self.events.stored(_parent_id(first_parent), ids[len(hit):],
+                               tokens[len(hit) * bs: len(ids) * bs], extra_keys, len(hit))
         return Admission(cached_tokens_for(len(tokens), len(hit), bs), held, path)
 
     def reset(self) -> None:
         """Forget everything (a server restart)."""
         residency = self.residency
+        events = self.events
         self.__init__(self.num_blocks, self.block_size, self.enable_caching)  # type: ignore[misc]
+        self.events = events
         if residency is not None:
             residency.reset()
             self.residency = residency

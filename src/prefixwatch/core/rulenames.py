@@ -17,8 +17,13 @@ ALERT_WATCHDOG = "Watchdog"
 ALERT_TIER_IDLE = "PrefixCacheTierIdle"
 ALERT_DEVICE_SHARE = "PrefixCacheDeviceShareLow"
 ALERT_OFFLOAD_FAILURES = "PrefixCacheOffloadFailures"
+# KV events (the exporter's mirror of each engine's event stream): why prompt tokens were
+# computed, measured rather than replayed.
+ALERT_KV_EVICTION = "PrefixCacheEvictionOfReusedContent"
+ALERT_KV_ROUTING = "PrefixCacheRoutingWaste"
 ALERTS = (ALERT_LOW, ALERT_REGRESSION, ALERT_OUTLIER, ALERT_EVICTION, ALERT_ABSENT,
-          ALERT_TIER_IDLE, ALERT_DEVICE_SHARE, ALERT_OFFLOAD_FAILURES, ALERT_WATCHDOG)
+          ALERT_TIER_IDLE, ALERT_DEVICE_SHARE, ALERT_OFFLOAD_FAILURES, ALERT_KV_EVICTION,
+          ALERT_KV_ROUTING, ALERT_WATCHDOG)
 #: Matches every prefix-cache alert (not the Watchdog), for ALERTS{alertname=~...} queries.
 ALERT_PATTERN = "PrefixCache.*"
 #: The hit-rate alerts that a missing-metrics alert inhibits.
@@ -102,6 +107,29 @@ R_MISSED = "model_name:prefill_tokens_achievable_missed:rate5m"
 # prompt tokens, which sum to 1 per model.
 R_LEDGER_TOKENS = "model_name:prefill_tokens_by_part:rate5m"
 R_LEDGER_SHARE = "model_name:prefill_tokens_by_part:ratio_rate5m"
+
+# KV events: prompt tokens computed per second by why (part: eviction, routing, layout, novel,
+# and the tails shorter than a block), per model and per replica, and each part's share of the
+# computed tokens.
+MODEL_PART = "model_name_part"
+MODEL_TARGET_PART = "model_name_target_part"
+
+
+def r_kv_computed(level: str, w: str) -> str:
+    """Device prompt tokens computed per second by part (KV events), over ``w``."""
+    return f"{level}:kv_computed_tokens:rate{w}"
+
+
+def r_kv_computed_share(level: str, w: str) -> str:
+    """Each part's share of the computed tokens (sums to 1 per model, or model and replica)."""
+    return f"{level}:kv_computed_tokens:ratio_rate{w}"
+
+
+#: Device tokens a lower tier supplied (loaded, not computed), per model and medium.
+R_KV_LOADED = "model_name_medium:kv_loaded_tokens:rate5m"
+#: Blocks stored and removed (evicted) per second, per replica and medium.
+R_KV_STORED = "target_medium:kv_blocks_stored:rate5m"
+R_KV_REMOVED = "target_medium:kv_blocks_removed:rate5m"
 
 #: Windows of the recorded fleet ratios (the alerts read 5m, 15m and the critical path's).
 RATIO_WINDOWS = ("1m", "5m", "15m", "1h")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
@@ -37,7 +38,7 @@ from prefixwatch.demo.backends import (
     scaled,
 )
 from prefixwatch.demo.pager import NotificationPrinter
-from prefixwatch.exporter.config import build_config, split_host_port
+from prefixwatch.exporter.config import TargetConfig, build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, dashboards, rules
 from prefixwatch.simulator.cli import build_simulation, simulation_args, wait_for_signal
@@ -161,15 +162,17 @@ def run_demo(args: argparse.Namespace) -> int:
             # The simulator writes vLLM-format request log lines; the exporter follows them
             # (the request-level view behind prefix_divergence and routing_spread).
             log_path = str(state / "requests.log")
+            # Each replica also publishes vLLM's KV event stream (on a free port), and the
+            # exporter subscribes to it: the "why these tokens were computed" ledger.
             sim = build_simulation(simulation_args(
                 replicas=args.replicas, scenario=args.scenario, switch_to=args.switch_to,
                 switch_at=switch_at, rate=args.rate, port=args.sim_port, request_log=log_path,
-                request_log_max_mb=REQUEST_LOG_MAX_MB))
+                request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0))
             cleanup.callback(sim.stop)
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
         config = build_config(
-            targets=targets, listen_address=args.listen_address,
+            targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
             interval=max(0.5, names.DEFAULT_INTERVAL_SECONDS * scale),
             windows=[scaled(w, scale) for w in names.DEFAULT_WINDOWS] if scale != 1 else None,
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
@@ -204,6 +207,17 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_kv_events(targets: list[str], sim) -> list:  # noqa: ANN001 - a Simulation or None
+    """The exporter's targets: each simulated replica's /metrics URL with its KV event
+    endpoint (the per-target ``kv_events`` key), or the URLs alone (a vLLM given with --vllm,
+    or an exporter whose targets take no ``kv_events``)."""
+    endpoints = sim.kv_events_endpoints if sim is not None else []
+    if not endpoints or "kv_events" not in {f.name for f in dataclasses.fields(TargetConfig)}:
+        return list(targets)
+    return [{"url": url, "kv_events": endpoint}
+            for url, endpoint in zip(targets, endpoints, strict=True)]
+
+
 def _write_report(prometheus: str, began: float) -> None:
     """The run's incident report (issue 15), before Prometheus stops; never fails the exit."""
     from prefixwatch.core.errors import PrefixwatchError
@@ -228,6 +242,8 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
     lines = ["", "prefixwatch demo is running:"]
     if sim is not None:
         lines += [f"  simulated vLLM replica {i}: {url}" for i, url in enumerate(sim.urls)]
+        lines += [f"  KV events of replica {i}: {endpoint}"
+                  for i, endpoint in enumerate(sim.kv_events_endpoints)]
         at = time.strftime("%H:%M:%S", time.localtime(time.time() + switch_at))
         lines.append(f"  workload: {args.scenario}, switching to {args.switch_to} at {at} "
                      f"(in {switch_at:.0f}s)")

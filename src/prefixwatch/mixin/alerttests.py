@@ -44,6 +44,7 @@ from prefixwatch.core.tiers import TIER_DEVICE, TIER_HOST
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.mixin.alerts import render_diagnosis, render_ledger
 from prefixwatch.mixin.config import MixinConfig
+from prefixwatch.mixin.kvtests import kv_cases
 from prefixwatch.mixin.rules import Builder
 from prefixwatch.mixin.sources import EXPORTER_JOB
 
@@ -477,6 +478,7 @@ class Cases:
                                            "value": 0.5}]})
         case(half + [achievable], [], exprs)
         self.tier_cases(case)
+        kv_cases(self, case, Phase)
         return tests
 
     def paged_after(self, before: float, after: float) -> float:

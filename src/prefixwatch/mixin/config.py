@@ -80,6 +80,13 @@ class MixinConfig:
     kv_usage_high: float = 0.90
     #: PrefixCacheOffloadFailures: this share of the offload connector's stores lost.
     offload_failure_share: float = 0.10
+    #: PrefixCacheEvictionOfReusedContent and PrefixCacheRoutingWaste (KV events): the
+    #: eviction part of a replica's prompt tokens, or the routing part of a model's, at the
+    #: diagnosis' ``routing_gap`` or more (the share at which the diagnosis names
+    #: eviction_pressure and routing_spread from the ledger: one threshold for the cause and
+    #: the alert), over ``kv_window`` for ``kv_for``.
+    kv_window: str = "15m"
+    kv_for: str = "15m"
     runbook_url_pattern: str = rulenames.DEFAULT_RUNBOOK_URL_PATTERN
     evaluation_interval: str = "15s"
     #: Multiplies every window and `for` (tests and the demo run the same rules in seconds).
@@ -296,7 +303,7 @@ def _check(cfg: MixinConfig, where: _Where) -> None:
             else name
         settings.check_share(name, getattr(cfg, name), where(key))
     for name in ("cold_start", "evaluation_interval", "critical_short_window",
-                 "critical_long_window", "critical_for"):
+                 "critical_long_window", "critical_for", "kv_window", "kv_for"):
         settings.check_duration(name, getattr(cfg, name), where(name))
     if parse_duration(cfg.critical_short_window) >= parse_duration(cfg.critical_long_window):
         raise ConfigError(f"{where('critical_short_window')}: critical_short_window must be "

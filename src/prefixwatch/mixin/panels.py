@@ -17,6 +17,8 @@ from prefixwatch.core.rulenames import (
     ALERT_LOW,
     ALERT_PATTERN,
     MODEL,
+    MODEL_PART,
+    MODEL_TARGET_PART,
     MODEL_TIER,
     R_ACHIEVABLE,
     R_LEDGER_SHARE,
@@ -24,12 +26,14 @@ from prefixwatch.core.rulenames import (
     R_SAVED_SHARE,
     R_TTFT,
     r_hits,
+    r_kv_computed_share,
     r_prompt,
     r_ratio,
     r_recomputed,
     r_tier_tokens,
 )
 from prefixwatch.mixin.config import MixinConfig
+from prefixwatch.mixin.kvrules import KV_DASHBOARD_WINDOW
 from prefixwatch.mixin.layout import Placed
 from prefixwatch.mixin.promql import tier_rates
 from prefixwatch.mixin.sources import Source
@@ -218,6 +222,34 @@ class Panels:
             targets=[self.target(f"({tiers})\n/ ignoring (tier) group_left ()\n({total} > 0)",
                                  "{{tier}}", "A"),
                      self.target(f"{recomputed}\n/\n({total} > 0)", "recomputed", "B")],
+            unit="percentunit", valueMin=0, valueMax=1,
+            stacking={"mode": "normal", "group": "A"}, fillOpacity=50), w, h)
+
+    def why_computed(self, w: int = 12, h: int = 8) -> None:
+        """The exporter's KV event ledger: computed prompt tokens by why, stacked to 100%."""
+        if self.s.name != "exporter":
+            return
+        if self.one:
+            expr = self.recorded(r_kv_computed_share(MODEL_TARGET_PART, KV_DASHBOARD_WINDOW),
+                                 'target=~"$instance"')
+            legend = "{{part}}"
+        else:
+            expr = self.recorded(r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW))
+            legend = "{{model_name}} {{part}}"
+        self.add(g.TimeSeries(
+            title="Why these tokens were computed",
+            description="Prompt tokens the device prefilled (not served by any cache tier), "
+                        "by why, stacked to 100%, from the engines' KV event streams (the "
+                        "exporter's `kv_events:` per target; vLLM's --kv-events-config): "
+                        "eviction (this replica held the blocks and evicted them: a larger "
+                        "pool or a host tier), routing (another replica held them: "
+                        "prefix-aware routing), layout (the same text after a short "
+                        "divergence near the top: move the varying part down), novel (no "
+                        "replica ever held it: nothing to win), and the tokens after a "
+                        "prompt's last full block (never cacheable). Tokens a lower tier "
+                        "loaded are not computed and not here. "
+                        f"{self.cfg.runbook('kv-events-why-tokens-were-computed')}",
+            targets=[self.target(expr, legend, "A")],
             unit="percentunit", valueMin=0, valueMax=1,
             stacking={"mode": "normal", "group": "A"}, fillOpacity=50), w, h)
 

@@ -45,6 +45,7 @@ from prefixwatch.core.rulenames import (
     r_tier_tokens,
 )
 from prefixwatch.core.tiers import TIER_DEVICE
+from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, tier_rates
 
 
@@ -115,6 +116,7 @@ class Recording(Exprs):
             f"clamp_min({R_ACHIEVABLE} - {on_model} {r_ratio(MODEL, '5m')}, 0)\n"
             f"* {on_model} {r_queries(MODEL, '5m')}")
         rules.extend(self.ledger_rules())
+        rules.extend(KVRules(self.src.name, self.cfg).recording())
         return rules
 
     def ledger_rules(self) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ copies are part of ``artifacts.render_all``; a test fails when they differ.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -20,6 +21,14 @@ from prefixwatch.mixin import dashboards, rules
 from prefixwatch.mixin.config import MixinConfig
 
 COMPOSE_PROMETHEUS = "prometheus/prometheus.yml"
+#: The exporter's config when docker-compose.yml watches its simulator (VLLM_TARGETS unset):
+#: each replica's /metrics and KV event stream. Replica i of `simulate --replicas 2
+#: --port 8000 --kv-events-port 5557` serves :8000+i and publishes on :5557+i.
+COMPOSE_EXPORTER = "exporter/compose.simulator.yml"
+COMPOSE_SIM_REPLICAS = 2
+COMPOSE_SIM_PORT = 8000
+#: vLLM's default KV events port (``--kv-events-config``'s endpoint ``tcp://*:5557``).
+KV_EVENTS_PORT = 5557
 K8S_DIR = "deploy/kubernetes"
 IMAGE = f"ghcr.io/prefixwatch/prefixwatch:{__version__}"
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
@@ -56,6 +65,28 @@ def compose_prometheus_yml(cfg: MixinConfig | None = None) -> str:
             "# alerts/prefixwatch.exporter.rules.yml under /etc/prometheus/rules/.\n"
             "# `prefixwatch demo` runs the same config on loopback.\n"
             + yaml.safe_dump(prom, sort_keys=False))
+
+
+def compose_exporter_config(cfg: MixinConfig | None = None) -> str:
+    """The exporter config docker-compose.yml mounts while it watches the simulator: the
+    mixin's diagnosis settings and each simulated replica with its ``kv_events`` endpoint."""
+    data = exporter_config(cfg or MixinConfig())
+    data["targets"] = [{"url": f"http://simulator:{COMPOSE_SIM_PORT + i}/metrics",
+                        "kv_events": f"tcp://simulator:{KV_EVENTS_PORT + i}"}
+                       for i in range(COMPOSE_SIM_REPLICAS)]
+    return (f"{GENERATED}\n"
+            "# Mounted by docker-compose.yml when VLLM_TARGETS is unset: the simulator's\n"
+            "# replicas, each with the KV event stream it publishes (`simulate\n"
+            "# --kv-events-port 5557`: replica i on tcp://*:5557+i, as `vllm serve\n"
+            "# --kv-events-config` binds), and the diagnosis settings of the mixin config.\n"
+            + yaml.safe_dump(data, sort_keys=False))
+
+
+def vllm_kv_events_config(port: int = KV_EVENTS_PORT) -> str:
+    """vLLM's ``--kv-events-config`` value: publish every block stored and removed over ZMQ,
+    bound on every interface of the pod (the sidecar subscribes on loopback)."""
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                       "endpoint": f"tcp://*:{port}", "topic": "kv-events"})
 
 
 # -- Kubernetes --------------------------------------------------------------------------------
@@ -109,6 +140,7 @@ def k8s_workload(cfg: MixinConfig) -> list[dict[str, Any]]:
         "name": "prefixwatch",
         "image": IMAGE,
         "args": ["exporter", "--target", "http://127.0.0.1:8000/metrics",
+                 "--kv-events", f"tcp://127.0.0.1:{KV_EVENTS_PORT}",
                  "--listen-address", f"0.0.0.0:{names.DEFAULT_PORT}",
                  "--config", f"{EXPORTER_CONFIG_DIR}/config.yml"],
         "ports": [{"name": "prefixwatch", "containerPort": names.DEFAULT_PORT}],
@@ -127,7 +159,7 @@ def k8s_workload(cfg: MixinConfig) -> list[dict[str, Any]]:
         "name": "vllm",
         "image": VLLM_IMAGE,
         "args": ["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--enable-prefix-caching",
-                 "--port", "8000"],
+                 "--port", "8000", "--kv-events-config", vllm_kv_events_config()],
         "ports": [{"name": "http", "containerPort": 8000}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 60},
@@ -183,6 +215,7 @@ def k8s_files(cfg: MixinConfig | None = None) -> dict[str, str]:
 
 def generated_files(cfg: MixinConfig | None = None) -> dict[str, str]:
     """{path relative to the repository: text} of the Prometheus config and the manifests."""
-    files = {COMPOSE_PROMETHEUS: compose_prometheus_yml(cfg)}
+    files = {COMPOSE_PROMETHEUS: compose_prometheus_yml(cfg),
+             COMPOSE_EXPORTER: compose_exporter_config(cfg)}
     files.update({f"{K8S_DIR}/{name}": text for name, text in k8s_files(cfg).items()})
     return files

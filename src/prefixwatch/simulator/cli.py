@@ -13,6 +13,7 @@ from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.simulator.driver import Driver, get_scenario
 from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.kvevents import KVEventsOptions
 from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
 from prefixwatch.simulator.scenarios import describe
@@ -103,6 +104,17 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--request-log-max-mb", type=_non_negative, default=0, metavar="MB",
                    help="rotate the --request-log FILE to FILE.1 when it reaches MB megabytes "
                         "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
+    p.add_argument("--kv-events-port", type=int, metavar="N",
+                   help="publish vLLM's KV cache event stream (ZMQ PUB, vLLM 0.33's wire "
+                        "format): replica i binds tcp://HOST:N+i, as `vllm serve "
+                        "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": "
+                        "\"zmq\", \"endpoint\": \"tcp://*:N\"}'` does (0 = free ports; "
+                        "default: off)")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC",
+                   help="ZMQ topic of every KV event message (default '', as vLLM's)")
+    p.add_argument("--kv-events-replay-port", type=int, metavar="N",
+                   help="also serve vLLM's replay endpoint (ROUTER): replica i binds "
+                        "tcp://HOST:N+i and resends buffered messages from a sequence number")
     p.add_argument("--seed", type=int, default=1, help="workload random seed (default 1)")
     p.add_argument("--duration", type=_duration, metavar="DURATION",
                    help="stop after this long (default: run until Ctrl-C)")
@@ -127,6 +139,12 @@ class Simulation:
     def urls(self) -> list[str]:
         return [f"http://{s.httpd.server_address[0]}:{s.port}/metrics" for s in self.servers]
 
+    @property
+    def kv_events_endpoints(self) -> list[str]:
+        """Each replica's bound KV event endpoint (empty without --kv-events-port)."""
+        return [s.replica.kv_publisher.endpoint for s in self.servers
+                if s.replica.kv_publisher is not None]
+
     def start(self) -> None:
         for s in self.servers:
             s.start()
@@ -147,6 +165,7 @@ class Simulation:
                 s.stop()
             else:
                 s.httpd.server_close()  # bound, never served: shutdown() would wait forever
+                s.replica.close()
         if self._log_stream is not None and self._log_stream is not sys.stdout:
             self._log_stream.close()
 
@@ -195,18 +214,24 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
         except OSError as exc:
             raise ConfigError(f"cannot open {args.request_log}: {exc.strerror}") from exc
         request_log = RequestLogger(log_stream, args.max_log_len)  # type: ignore[arg-type]
+    kv_events = _kv_events_options(args, replicas_n)
     adapters = tuple(sorted(set(scenario.lora_modules) | set(
         switch_to.lora_modules if switch_to else ())))
     servers: list[ReplicaServer] = []
+    replica = None
     try:
         for i in range(replicas_n):
+            replica = None
             replica = Replica(config, index=i, server=args.engine, lora_modules=adapters,
-                              request_log=request_log)
+                              request_log=request_log, kv_events=kv_events)
             port = args.port + i if args.port else 0
             servers.append(ReplicaServer(replica, args.host, port))
     except OSError as exc:
+        if replica is not None and all(s.replica is not replica for s in servers):
+            replica.close()
         for s in servers:
             s.httpd.server_close()
+            s.replica.close()
         if log_stream is not None and log_stream is not sys.stdout:
             log_stream.close()
         raise ConfigError(str(exc.strerror or exc)) from exc
@@ -219,6 +244,12 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
         log.info("replica %d (%s, %s) on http://%s:%d  (/metrics, /v1/chat/completions, "
                  "/v1/completions, /tokenize)", s.replica.index, args.engine, config.model,
                  args.host, s.port)
+        publisher = s.replica.kv_publisher
+        if publisher is not None:
+            log.info("replica %d publishes KV events on %s (topic %r)%s", s.replica.index,
+                     publisher.endpoint, args.kv_events_topic,
+                     f", replay on {publisher.replay_endpoint}"
+                     if publisher.replay_endpoint else "")
     if driver is not None:
         log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
                  replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
@@ -226,6 +257,30 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     else:
         log.info("no built-in workload (--rate 0): serving only")
     return Simulation(servers, driver, log_stream)
+
+
+def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptions | None:
+    """The publisher settings from --kv-events-port/-topic/-replay-port; ConfigError if bad."""
+    port = getattr(args, "kv_events_port", None)
+    replay = getattr(args, "kv_events_replay_port", None)
+    if port is None:
+        if replay is not None:
+            raise ConfigError("--kv-events-replay-port needs --kv-events-port")
+        return None
+    for flag, value in (("--kv-events-port", port), ("--kv-events-replay-port", replay)):
+        if value is not None and (not 0 <= value < 65536 or (
+                value and value + replicas - 1 >= 65536)):
+            raise ConfigError(f"{flag} is out of range")
+    ranges = [(flag, value) for flag, value in (("--port", args.port), ("--kv-events-port", port),
+                                                 ("--kv-events-replay-port", replay)) if value]
+    for i, (flag_a, a) in enumerate(ranges):
+        for flag_b, b in ranges[i + 1:]:
+            if abs(a - b) < replicas:
+                raise ConfigError(f"{flag_a} and {flag_b} overlap: replica i uses each port + i")
+    host = "*" if args.host in ("0.0.0.0", "::", "") else args.host
+    return KVEventsOptions(endpoint=f"tcp://{host}:{port}", topic=args.kv_events_topic,
+                           replay_endpoint=f"tcp://{host}:{replay}" if replay is not None
+                           else None)
 
 
 def wait_for_signal(duration: float | None = None) -> None:

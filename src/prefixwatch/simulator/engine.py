@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from prefixwatch.core.blockcache import BlockPool, Node, Residency
+from prefixwatch.simulator.kvevents import KVEvents
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 
 
@@ -102,12 +103,24 @@ class Engine:
         self.stats = EngineStats()
         self.offload = (HostTier(config.offload_blocks, config.block_size)
                         if config.offload_blocks else None)
+        if self.offload is not None:
+            self.offload.device = self.pool  # a store pins its device blocks until it completes
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.lock = threading.RLock()
         self._prefill_free_at = 0.0
         self._ids = itertools.count()
         self._answer_ids: list[int] = [1000]
+        #: vLLM's KV event stream (--kv-events-port); None when off.
+        self.kv_events: KVEvents | None = None
+
+    def attach_kv_events(self, kv_events: KVEvents) -> None:
+        """Publish the pool's (and the host tier's) stores and evictions, once per step."""
+        with self.lock:
+            self.kv_events = kv_events
+            self.pool.events = kv_events.sink
+            if self.offload is not None:
+                self.offload.events = kv_events.sink
 
     def set_answer_vocabulary(self, ids: Sequence[int]) -> None:
         self._answer_ids = list(ids) or [1000]
@@ -148,6 +161,8 @@ class Engine:
             self._admit(now)
             if self.offload is not None:
                 self.offload.step(now)
+            if self.kv_events is not None:
+                self.kv_events.flush()  # one KVEventBatch per step that produced events
 
     def _admit(self, now: float) -> None:
         cfg = self.config
@@ -165,9 +180,11 @@ class Engine:
             uncached = len(tokens) - hit_tokens
             host_tokens = 0
             if self.offload is not None:
+                # The copies complete once the step that computed the prompt has ended: when
+                # its first token is out (a request of one token has freed its blocks by then).
                 start = max(now, self._prefill_free_at)
                 host_tokens = self.offload.admit(tokens, req.extra_keys, hit_tokens, start + (
-                    uncached / cfg.prefill_tokens_per_s))
+                    uncached / cfg.prefill_tokens_per_s) + cfg.base_latency, admitted.blocks)
                 uncached -= host_tokens - host_tokens / LOAD_SPEEDUP
             if req.num_preemptions == 0:
                 st = self.stats
@@ -233,10 +250,9 @@ class Engine:
             return
         tokens = req.prompt + req.output
         parent = req.path[-1] if req.path else pool.root(req.extra_keys)
-        for i in range(len(req.path), full):
-            block = tuple(tokens[i * bs:(i + 1) * bs])
-            parent = pool.cache(parent, block, req.blocks[i])
-            req.path.append(parent)
+        start = len(req.path)
+        blocks = [tuple(tokens[i * bs:(i + 1) * bs]) for i in range(start, full)]
+        req.path += pool.cache_blocks(parent, blocks, req.blocks[start:full], req.extra_keys)
 
     def _preempt_for(self, req: SimRequest) -> bool:
         """Free blocks by preempting the most recently scheduled request (vLLM's policy)."""
@@ -277,6 +293,8 @@ class Engine:
             self.pool.reset()
             if self.offload is not None:
                 self.offload.reset()
+            if self.kv_events is not None:
+                self.kv_events.restart()  # a new process: new hash seed, sequence from 0
             self.stats = EngineStats()  # listeners of the old process go with it
             self._prefill_free_at = 0.0
 
@@ -290,7 +308,9 @@ class Engine:
         if not isinstance(clock, VirtualClock):
             raise TypeError("run_until_idle needs an engine on a VirtualClock")
         end = clock.now + limit
-        while (self.waiting or self.running) and clock.now < end:
+        offload = self.offload
+        while (self.waiting or self.running or (offload is not None and offload.busy)
+               ) and clock.now < end:
             self.step()
             clock.now += step
         return clock.now

@@ -2,12 +2,15 @@
 
 What vLLM does (vllm/v1/simple_kv_offload/manager.py, CPU backend, eager mode, the default):
 
-* **Store when computed, not on eviction.** Once a request's blocks are confirmed computed
-  (the step after its prefill), every full block not already in the host pool and not in
-  flight is copied there, device hits included. A block already cached is skipped without
-  refreshing its place in the LRU. The copy is asynchronous: the block becomes findable when
-  the store completes (next step); until then it occupies a pinned host block
-  (``pending_store_blocks``, ``used_blocks``).
+* **Store what the step computes, not on eviction.** When a request is scheduled, every full
+  prompt block not already in the host pool and not in flight is queued for a copy there,
+  device hits included (a block already cached is skipped without refreshing its place in the
+  LRU), and its device block is pinned (one more reference) until the copy completes. The copy
+  is asynchronous: it completes in the first step after the request's prefill is done
+  (``computed_at``); until then it occupies a pinned host block (``pending_store_blocks``,
+  ``used_blocks``). Completion frees the pinned device blocks in prompt order, after the
+  request freed its own reference tail first: so under pressure a stored prompt's device
+  blocks are evicted first block first, as in vLLM's recorded event stream.
 * **LRU.** The host pool is a vLLM block pool of its own: a store takes a free block, else
   evicts the least recently released cached one; with every block pinned, the store stops.
 * **Lookup after the device.** For a new request the connector looks up the blocks after the
@@ -22,12 +25,19 @@ them too; they matter only when a later prompt repeats a generated answer); stor
 are not counted (vLLM 0.33 classifies only "boundary hand-off" stores, none on our workloads:
 the family is declared, without samples, as on the fixture); a load costs
 ``1 / LOAD_SPEEDUP`` of recomputing the tokens.
+
+Blocks are keyed by the device pool's chained block ids, so the host tier's KV events
+(``events``: medium ``CPU``, one ``BlockStored`` per block when its copy completes, a
+``BlockRemoved`` when the host pool evicts it) name the same hashes as the device's.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
+from typing import Any
+
+from prefixwatch.core.blockcache import block_ids, root_id
 
 #: Loading a token from host memory takes this many times less than recomputing it.
 LOAD_SPEEDUP = 10.0
@@ -44,8 +54,14 @@ class HostTier:
         #: Blocks whose store completed, least recently released first (evicted from the head).
         self.cached: OrderedDict[int, None] = OrderedDict()
         self._in_flight: set[int] = set()  # stores issued, not complete: pinned
-        self._store_batch: list[int] = []  # issued this step, complete at the next
-        self._to_store: list[tuple[float, list[int]]] = []  # (confirmed at, keys) per request
+        # Stores in flight: (complete at, key, parent key, block tokens, extra keys, device
+        # block pinned or -1), in issue order; those issued this step wait for the next one.
+        self._stores: list[tuple[float, int, int | None, Sequence[int], Hashable, int]] = []
+        self._new_stores: list[tuple[float, int, int | None, Sequence[int], Hashable, int]] = []
+        #: The device pool whose blocks a store pins (a BlockPool); None pins nothing.
+        self.device: Any = None
+        #: Where the host pool's KV events go (a KVEventSink); None when off.
+        self.events: Any = None
         self._loading: list[int] = []  # loads issued at admission, finish at the next step
         # Counters, read by the metrics page.
         self.load_blocks = 0
@@ -68,22 +84,23 @@ class HostTier:
         """Blocks holding data or reserved for it (SGLang's host used tokens / block size)."""
         return len(self.cached) + len(self._in_flight)
 
+    @property
+    def busy(self) -> bool:
+        """Stores or loads still to issue or to complete (the connector has work in flight)."""
+        return bool(self._stores or self._new_stores or self._loading)
+
     # -- the connector's hooks -----------------------------------------------------------------
 
     def keys(self, tokens: Sequence[int], extra_keys: Hashable) -> list[int]:
-        """The block-hash chain of the prompt's full blocks (extra keys seed it, as in vLLM)."""
-        bs = self.block_size
-        parent = hash(("prefixwatch-root", extra_keys))
-        out = []
-        for i in range(0, len(tokens) - len(tokens) % bs, bs):
-            parent = hash((parent, tuple(tokens[i:i + bs])))
-            out.append(parent)
-        return out
+        """The block-hash chain of the prompt's full blocks (extra keys seed it, as in vLLM):
+        the device pool's chained ids, so both tiers name a block alike."""
+        return block_ids(tokens, self.block_size, root_id(extra_keys))
 
     def admit(self, tokens: Sequence[int], extra_keys: Hashable, device_hit_tokens: int,
-              computed_at: float) -> int:
-        """Look up what follows the device hit, start its load; queue the prompt's stores for
-        when its prefill is confirmed (``computed_at``). Returns the host-hit tokens."""
+              computed_at: float, device_blocks: Sequence[int] = ()) -> int:
+        """Look up what follows the device hit and start its load; issue the prompt's stores
+        (pinning ``device_blocks``, the request's device blocks in prompt order), to complete
+        once its prefill is done (``computed_at``). Returns the host-hit tokens."""
         keys = self.keys(tokens, extra_keys)
         start = device_hit_tokens // self.block_size
         limit = max(len(tokens) - 1, 0) // self.block_size
@@ -95,11 +112,31 @@ class HostTier:
             hit += 1
         if hit:
             self._loading.extend(keys[start:start + hit])
-        self._to_store.append((computed_at, keys))
+        self._issue(computed_at, keys, tokens, extra_keys, device_blocks)
         return hit * self.block_size
 
+    def _issue(self, at: float, keys: list[int], tokens: Sequence[int], extra_keys: Hashable,
+               device_blocks: Sequence[int]) -> None:
+        cached = self.cached
+        pinned = set(self._loading)
+        bs = self.block_size
+        pins = []
+        for i, key in enumerate(keys):
+            if key in cached or key in self._in_flight:
+                continue  # skipped: already cached (no LRU refresh) or in flight
+            if not self._reserve(pinned):
+                break  # every host block pinned: the rest of this request is not stored
+            self._in_flight.add(key)
+            block = device_blocks[i] if i < len(device_blocks) else -1
+            if block >= 0:
+                pins.append(block)
+            self._new_stores.append((at, key, keys[i - 1] if i else None,
+                                     tokens[i * bs:(i + 1) * bs], extra_keys, block))
+        if pins and self.device is not None:
+            self.device.hold(pins)
+
     def step(self, now: float) -> None:
-        """One scheduler step: finish last step's loads and stores, issue the stores due."""
+        """One scheduler step: finish last step's loads, complete the stores that are due."""
         cached = self.cached
         if self._loading:
             for key in self._loading:
@@ -107,27 +144,25 @@ class HostTier:
                     cached.move_to_end(key)  # released to the LRU tail
             self.load_blocks += len(self._loading)
             self._loading = []
-        if self._store_batch:
-            for key in self._store_batch:
-                self._in_flight.discard(key)
-                cached[key] = None
-            self.stored_blocks += len(self._store_batch)
-            self._store_batch = []
-        if not self._to_store:
-            return
-        due = [keys for at, keys in self._to_store if at <= now]
-        if not due:
-            return
-        self._to_store = [(at, keys) for at, keys in self._to_store if at > now]
-        pinned = set(self._loading)
-        for keys in due:
-            for key in keys:
-                if key in cached or key in self._in_flight:
-                    continue  # skipped: already cached (no LRU refresh) or in flight
-                if not self._reserve(pinned):
-                    break  # every host block pinned: the rest of this request is not stored
-                self._in_flight.add(key)
-                self._store_batch.append(key)
+        events = self.events
+        if self._stores:
+            done = [s for s in self._stores if s[0] <= now]
+            if done:
+                self._stores = [s for s in self._stores if s[0] > now]
+                unpin = []
+                for _, key, parent, block_tokens, extra_keys, block in done:
+                    self._in_flight.discard(key)
+                    cached[key] = None
+                    if events is not None:
+                        events.stored_host(parent, key, block_tokens, extra_keys)
+                    if block >= 0:
+                        unpin.append(block)
+                self.stored_blocks += len(done)
+                if unpin and self.device is not None:
+                    self.device.release(unpin[::-1])  # release() frees tail first
+        if self._new_stores:
+            self._stores += self._new_stores
+            self._new_stores = []
 
     def _reserve(self, pinned: set[int]) -> bool:
         """Make room for one block, evicting the least recently released cached one."""
@@ -137,9 +172,13 @@ class HostTier:
             if key not in pinned:
                 del self.cached[key]
                 self.evicted_blocks += 1
+                if self.events is not None:
+                    self.events.removed(key, "CPU")
                 return True
         return False
 
     def reset(self) -> None:
         """A restart: the host pool is process memory, it goes with the process."""
+        events, device = self.events, self.device
         self.__init__(self.capacity, self.block_size)  # type: ignore[misc]
+        self.events, self.device = events, device

@@ -15,6 +15,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefixwatch.core.builtin_tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
 from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
+from prefixwatch.simulator.kvevents import (
+    KVEventPublisher,
+    KVEvents,
+    KVEventSink,
+    KVEventsOptions,
+    offset_endpoint,
+)
 from prefixwatch.simulator.metrics import PageMetrics
 from prefixwatch.simulator.requestlog import RequestLogger
 
@@ -41,7 +48,8 @@ class Replica:
 
     def __init__(self, config: EngineConfig, index: int = 0, server: str = "vllm",
                  tokenizer: Tokenizer | None = None, lora_modules: tuple[str, ...] = (),
-                 request_log: RequestLogger | None = None) -> None:
+                 request_log: RequestLogger | None = None,
+                 kv_events: KVEventsOptions | None = None) -> None:
         self.config = config
         self.index = index
         self.server = server
@@ -55,12 +63,31 @@ class Replica:
         self.metrics = PageMetrics(self.engine, server)
         self._thread = EngineThread(self.engine)
         self.started_at = time.time()
+        #: vLLM's KV event publisher (``--kv-events-config`` with a ZMQ endpoint); None when off.
+        self.kv_publisher: KVEventPublisher | None = None
+        if kv_events is not None:
+            self.kv_publisher = KVEventPublisher(
+                offset_endpoint(kv_events.endpoint, index), topic=kv_events.topic,
+                replay_endpoint=(offset_endpoint(kv_events.replay_endpoint, index)
+                                 if kv_events.replay_endpoint else None), bind=True)
+            lora_ids = {name: i + 1 for i, name in enumerate(self.lora_modules)}
+            self.engine.attach_kv_events(KVEvents(
+                KVEventSink(config.block_size, lora_ids=lora_ids), self.kv_publisher))
 
     def start(self) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._thread.stop()
+        if self.kv_publisher is not None:
+            self.kv_publisher.stop()
+
+    def close(self) -> None:
+        """Release what was bound without being started."""
+        if self.kv_publisher is not None:
+            self.kv_publisher.stop()
 
     def restart(self) -> None:
         """A server restart: cold cache and counters from zero, as a new process has."""

@@ -1,0 +1,93 @@
+"""Generated promtool cases for the KV event rules (the exporter's source only).
+
+Written in terms of traffic, like the other cases: prompt tokens per second per replica, and
+the shares of them the exporter counted as computed by part. Each alert fires, is pending, and
+stays quiet below the threshold; the recorded shares sum to 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefixwatch.core.names import L_PART
+from prefixwatch.core.rulenames import (
+    ALERT_KV_EVICTION,
+    ALERT_KV_ROUTING,
+    MODEL_PART,
+    r_kv_computed_share,
+)
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_DASHBOARD_WINDOW
+
+STEP = 15  # as alerttests: seconds between samples
+MODEL = "llama-3-8b"  # as alerttests
+
+
+def kv_series(cases: Any, target: str, shares: dict[str, float], tokens_per_s: float,
+              minutes: float, start: float = 0.0) -> list[dict[str, str]]:
+    """The exporter's computed-token counters of one replica: flat (0) for ``start`` minutes,
+    then ``shares`` of ``tokens_per_s`` prompt tokens per part."""
+    idle = round(start * 60 / STEP)
+    n = round((minutes - start) * 60 / STEP)
+    out = []
+    for part, share in sorted(shares.items()):
+        per_step = share * tokens_per_s * STEP
+        values = f"0+0x{idle} 0+{per_step:g}x{n}" if idle else f"0+{per_step:g}x{n}"
+        out.append({"series": cases.series_name(KV_COMPUTED, {
+            **cases.base_labels(target), L_PART: part}), "values": values})
+    return out
+
+
+def kv_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any]) -> None:
+    """``cases`` is the source's ``alerttests.Cases``; ``case`` adds one test; ``phase`` makes
+    an ``alerttests.Phase``. Only the exporter has KV event series."""
+    if cases.source != "exporter":
+        return
+    cfg = cases.cfg
+    busy = max(1000, round(10 * cfg.min_query_tokens_per_second))
+    share = cfg.diagnosis.thresholds.routing_gap
+    window = parse_duration(cfg.kv_window) / 60
+    for_ = parse_duration(cfg.kv_for) / 60
+    m = {"model_name": MODEL}
+    above = round(min(share + 0.1, 0.95), 6)
+    below = round(share / 2, 6)
+    # 20. A replica recomputes what it evicted: from 20m on, `above` of its prompt tokens are
+    #     the eviction part (novel the rest of the misses). The window's share passes the
+    #     threshold within the window, then `for`: quiet before, firing after.
+    start = 20.0
+    minutes = start + window + for_ + 15
+    evicting = {"eviction": above, "novel": round(0.9 - above, 6)}
+    labels = {**m, "target": "vllm-0:8000", L_PART: "eviction"}
+    shares = r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW)
+    sample = ",".join(f'{k}="{v}"' for k, v in sorted({**cases.extra, **m}.items()))
+    case(cases.traffic([phase(minutes, busy, 0.1)]) +
+         kv_series(cases, "vllm-0:8000", evicting, busy, minutes, start), [
+        cases.at(ALERT_KV_EVICTION, start + for_, []),
+        cases.at(ALERT_KV_EVICTION, minutes - 1,
+                 [cases.expect(ALERT_KV_EVICTION, "warning", labels, above)]),
+        cases.at(ALERT_KV_ROUTING, minutes - 1, [])],
+        [{"expr": f"round(sum by (model_name) ({shares}), 0.000001)",
+          "eval_time": f"{round(minutes - 1)}m",
+          "exp_samples": [{"labels": "{" + sample + "}", "value": 1}]}])
+    #     Below the threshold it stays quiet.
+    case(cases.traffic([phase(minutes, busy, 0.1)]) +
+         kv_series(cases, "vllm-0:8000", {"eviction": below, "novel": 0.9 - below}, busy,
+                   minutes), [cases.at(ALERT_KV_EVICTION, minutes - 1, [])])
+    # 21. Two replicas, round-robin: half of replica 1's prompt tokens were cached on replica
+    #     0 (the routing part), a quarter of the model's: PrefixCacheRoutingWaste when that
+    #     reaches the threshold, per model (no target label).
+    routed = round(min(2 * (share + 0.05), 1.0), 6)
+    minutes = window + for_ + 10
+    series = (cases.traffic([phase(minutes, busy, 0.8)], target="vllm-0:8000") +
+              cases.traffic([phase(minutes, busy, round(0.8 - routed, 6) if routed < 0.8
+                                   else 0.0)], target="vllm-1:8000") +
+              kv_series(cases, "vllm-0:8000", {"novel": 0.2}, busy, minutes) +
+              kv_series(cases, "vllm-1:8000", {"routing": routed, "novel": 0.2}, busy,
+                        minutes))
+    case(series, [
+        cases.at(ALERT_KV_ROUTING, for_ / 2, []),
+        cases.at(ALERT_KV_ROUTING, minutes - 1,
+                 [cases.expect(ALERT_KV_ROUTING, "warning", {**m, L_PART: "routing"},
+                               routed / 2)]),
+        cases.at(ALERT_KV_EVICTION, minutes - 1, [])])
