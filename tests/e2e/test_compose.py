@@ -30,7 +30,7 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import require_binary
+from tests.conftest import free_port, require_binary
 from tests.e2e.compose_stack import Compose, compose_copy
 from tests.e2e.docker_standins import StandinBuilder, read_pins
 
@@ -249,3 +249,86 @@ def test_gpu_profile_config(tmp_path: Path) -> None:
         "capabilities"] == ["gpu"]
     assert resolved["exporter"]["environment"]["PREFIXWATCH_TARGETS"] == (
         "http://vllm:8000/metrics")
+
+
+def test_kubernetes_sidecar_runs_on_a_read_only_root(tmp_path: Path, say: Callable[[str], None]
+                                                     ) -> None:
+    """The generated sidecar container, as Kubernetes runs it (read-only root filesystem, its
+    uid, no capabilities, its emptyDir and ConfigMap mounts), on the image exporter/Dockerfile
+    builds: it serves /healthz, logs nothing but its own lines, its HOME, /tmp and log
+    directory are writable (matplotlib loads without a warning), and SIGTERM stops it."""
+    docker, _ = require_engine()
+    StandinBuilder(docker, cache_dir(), say).ensure(read_pins(ROOT))
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    tag = compose["services"]["exporter"]["image"]
+    subprocess.run([docker, "build", "-q", "-f", str(ROOT / "exporter" / "Dockerfile"), "-t", tag,
+                    str(ROOT)], check=True, capture_output=True, timeout=900)
+    docs = [d for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+            for d in yaml.safe_load_all(path.read_text()) if d]
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "prefixwatch")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    security = sidecar["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    args = ["--read-only", "--user", str(security["runAsUser"]), "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges"]
+    for mount in sidecar["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:  # as the kubelet makes one: an empty host directory, 0777
+            source = tmp_path / mount["name"]
+            source.mkdir()
+            source.chmod(0o777)
+            args += ["-v", f"{source}:{mount['mountPath']}"]
+        else:
+            config_map = next(d for d in docs if d["kind"] == "ConfigMap"
+                              and d["metadata"]["name"] == volume["configMap"]["name"])
+            source = tmp_path / mount["name"]
+            source.mkdir()
+            for key, text in config_map["data"].items():
+                (source / key).write_text(text)
+            args += ["-v", f"{source}:{mount['mountPath']}:ro"]
+    for env in sidecar.get("env", []):
+        args += ["-e", f"{env['name']}={env['value']}"]
+    port = free_port()
+    container_port = sidecar["ports"][0]["containerPort"]
+    name = f"pwk8s{os.getpid()}"
+    run = subprocess.run([docker, "run", "-d", "--name", name, *args, "-p",
+                          f"127.0.0.1:{port}:{container_port}", tag, *sidecar["args"]],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+
+    def logs() -> str:
+        proc = subprocess.run([docker, "logs", "--tail", "30", name], capture_output=True,
+                              text=True, timeout=30)
+        return (proc.stdout + proc.stderr).rstrip()
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, f"no /healthz within 30s; logs:\n{logs()}"
+            time.sleep(0.5)
+        for command in (["python", "-c", "import matplotlib.pyplot"],
+                        ["sh", "-c", "touch \"$HOME/probe\" /tmp/probe "
+                                     "/var/log/prefixwatch/probe"]):
+            proc = subprocess.run([docker, "exec", name, *command], capture_output=True,
+                                  text=True, timeout=60)
+            assert proc.returncode == 0 and not proc.stderr, (
+                f"{' '.join(command)} in the sidecar: {proc.stderr.strip()}")
+        stray = [line for line in logs().splitlines() if not LOG_LINE.match(line)]
+        assert not stray, f"the sidecar printed {stray[:5]}"
+        start = time.monotonic()
+        subprocess.run([docker, "stop", "-t", f"{STOP_WITHIN:g}", name], check=True,
+                       capture_output=True, timeout=30)
+        elapsed = time.monotonic() - start
+        code = subprocess.run([docker, "inspect", "-f", "{{.State.ExitCode}}", name],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        assert code == "0", f"the sidecar exited {code} on SIGTERM; logs:\n{logs()}"
+        say(f"kubernetes sidecar on a read-only root: healthy, writable HOME, /tmp and log "
+            f"directory, stopped on SIGTERM in {elapsed:.2f}s")
+    finally:
+        subprocess.run([docker, "rm", "-f", name], capture_output=True, timeout=60)
