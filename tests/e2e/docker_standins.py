@@ -25,6 +25,7 @@ a key of its recipe; a later run reuses what matches and rebuilds what does not.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -42,6 +43,10 @@ KEY_LABEL = "org.prefixwatch.standin"
 BASE_REPO = "prefixwatch-standin/bookworm"
 DEBOOTSTRAP_TIMEOUT = 600
 BUILD_TIMEOUT = 600
+
+
+class StandinUnavailable(Exception):
+    """This machine cannot build the stand-ins (debootstrap needs root)."""
 
 
 @dataclass(frozen=True)
@@ -118,34 +123,33 @@ receivers:
 """
 
 
-def _prometheus_dockerfile(base: str) -> str:
+def _server_dockerfile(base: str, name: str, tool: str, share: tuple[str, str], port: int,
+                       storage_flag: str) -> str:
+    """A Prometheus-project server in the upstream image's layout: /bin/NAME as entrypoint,
+    its config in /etc/NAME, its data in /NAME owned by nobody, running as nobody."""
     return f"""FROM {base}
-COPY prometheus promtool /bin/
-COPY web /usr/share/prometheus/web
-COPY prometheus.yml /etc/prometheus/prometheus.yml
-RUN install -d -o nobody -g nogroup /prometheus
+COPY {name} {tool} /bin/
+COPY {share[0]} {share[1]}
+COPY {name}.yml /etc/{name}/{name}.yml
+RUN install -d -o nobody -g nogroup /{name}
 USER nobody
-EXPOSE 9090
-VOLUME ["/prometheus"]
-WORKDIR /prometheus
-ENTRYPOINT ["/bin/prometheus"]
-CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]
+EXPOSE {port}
+VOLUME ["/{name}"]
+WORKDIR /{name}
+ENTRYPOINT ["/bin/{name}"]
+CMD ["--config.file=/etc/{name}/{name}.yml", "{storage_flag}=/{name}"]
 """
+
+
+def _prometheus_dockerfile(base: str) -> str:
+    return _server_dockerfile(base, "prometheus", "promtool", ("web", "/usr/share/prometheus/web"),
+                              9090, "--storage.tsdb.path")
 
 
 def _alertmanager_dockerfile(base: str) -> str:
-    return f"""FROM {base}
-COPY alertmanager amtool /bin/
-COPY templates /usr/share/prometheus/alertmanager
-COPY alertmanager.yml /etc/alertmanager/alertmanager.yml
-RUN install -d -o nobody -g nogroup /alertmanager
-USER nobody
-EXPOSE 9093
-VOLUME ["/alertmanager"]
-WORKDIR /alertmanager
-ENTRYPOINT ["/bin/alertmanager"]
-CMD ["--config.file=/etc/alertmanager/alertmanager.yml", "--storage.path=/alertmanager"]
-"""
+    return _server_dockerfile(base, "alertmanager", "amtool",
+                              ("templates", "/usr/share/prometheus/alertmanager"), 9093,
+                              "--storage.path")
 
 
 class StandinBuilder:
@@ -176,6 +180,9 @@ class StandinBuilder:
         if tarball.exists():
             return tarball
         debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+        if os.geteuid() != 0:
+            raise StandinUnavailable(f"building the stand-in images needs debootstrap as root "
+                                     f"once (then cached in {self.cache})")
         self.cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.cache) as tmp:
             target = Path(tmp) / "rootfs"

@@ -32,7 +32,7 @@ import yaml
 
 from tests.conftest import free_port, require_binary
 from tests.e2e.compose_stack import Compose, compose_copy
-from tests.e2e.docker_standins import StandinBuilder, read_pins
+from tests.e2e.docker_standins import StandinBuilder, StandinUnavailable, read_pins
 
 ROOT = Path(__file__).parents[2]
 LEFT_OUT = {"grafana": "Grafana has no Debian package, so it has no local stand-in image",
@@ -62,13 +62,27 @@ def require_engine() -> tuple[str, str]:
     proc = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"],
                           capture_output=True, text=True, timeout=30)
     if proc.returncode != 0:
-        message = (f"no Docker engine answers ({proc.stderr.strip()[:200]}): start dockerd "
-                   "(`.ci/run` does)")
-        if os.environ.get("PREFIXWATCH_REQUIRE_BINARIES") == "1":
-            pytest.fail(message)
-        warnings.warn(message, stacklevel=2)
-        pytest.skip(message)
+        unavailable(f"no Docker engine answers ({proc.stderr.strip()[:200]}): start dockerd "
+                    "(`.ci/run` does)")
     return docker, compose
+
+
+def unavailable(message: str) -> None:
+    """Like a missing binary: a failure in CI, elsewhere a skip with a loud warning."""
+    if os.environ.get("PREFIXWATCH_REQUIRE_BINARIES") == "1":
+        pytest.fail(message)
+    warnings.warn(message, stacklevel=3)
+    pytest.skip(message)
+
+
+def ensure_standins(docker: str, say: Callable[[str], None]) -> dict[str, str]:
+    if not shutil.which("debootstrap") and not Path("/usr/sbin/debootstrap").exists():
+        require_binary("debootstrap", "debootstrap")
+    try:
+        return StandinBuilder(docker, cache_dir(), say).ensure(read_pins(ROOT))
+    except StandinUnavailable as exc:
+        unavailable(str(exc))
+        raise
 
 
 @pytest.fixture
@@ -83,10 +97,8 @@ def say(capsys: pytest.CaptureFixture[str]) -> Callable[[str], None]:
 @pytest.fixture
 def stack(tmp_path: Path, say: Callable[[str], None]) -> Iterator[Compose]:
     docker, compose = require_engine()
-    if not shutil.which("debootstrap") and not shutil.which("/usr/sbin/debootstrap"):
-        require_binary("debootstrap", "debootstrap")
     started = time.monotonic()
-    how = StandinBuilder(docker, cache_dir(), say).ensure(read_pins(ROOT))
+    how = ensure_standins(docker, say)
     say(f"stand-in images in {time.monotonic() - started:.1f}s: "
         + ", ".join(f"{tag} {state}" for tag, state in how.items()))
     project = f"pwe2e{os.getpid()}"
@@ -258,7 +270,7 @@ def test_kubernetes_sidecar_runs_on_a_read_only_root(tmp_path: Path, say: Callab
     builds: it serves /healthz, logs nothing but its own lines, its HOME, /tmp and log
     directory are writable (matplotlib loads without a warning), and SIGTERM stops it."""
     docker, _ = require_engine()
-    StandinBuilder(docker, cache_dir(), say).ensure(read_pins(ROOT))
+    ensure_standins(docker, say)
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     tag = compose["services"]["exporter"]["image"]
     subprocess.run([docker, "build", "-q", "-f", str(ROOT / "exporter" / "Dockerfile"), "-t", tag,
