@@ -30,6 +30,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,8 +188,10 @@ class StandinBuilder:
         with tempfile.TemporaryDirectory(dir=self.cache) as tmp:
             target = Path(tmp) / "rootfs"
             self.say(f"debootstrap {SUITE} (minbase + {', '.join(PACKAGES)}), about a minute")
+            started = time.monotonic()
             self._run([debootstrap, "--variant=minbase", f"--include={','.join(PACKAGES)}",
                        SUITE, str(target)], DEBOOTSTRAP_TIMEOUT)
+            self.say(f"debootstrap done in {time.monotonic() - started:.0f}s")
             for leftover in (target / "var/cache/apt/archives").glob("*.deb"):
                 leftover.unlink()
             partial = tarball.with_suffix(".partial")

@@ -232,6 +232,13 @@ def test_compose_up_pages_and_comes_down_clean(stack: Compose, say: Callable[[st
             f"{service} printed something besides its own log lines (a library warning, a "
             f"traceback) or logged an error: {(stray + errors)[:5]}{stack.report()}")
 
+    probe = subprocess.run([stack.docker, "exec", stack.container("exporter"), "python", "-c",
+                            "import matplotlib.pyplot"], capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0 and not probe.stderr, (
+        f"matplotlib (for `prefixwatch report`) in the exporter's container: "
+        f"{probe.stderr.strip()}")
+
     for service in ("exporter", "simulator"):
         elapsed = stop_gracefully(stack, service)
         say(f"{service} stopped on SIGTERM in {elapsed:.2f}s")
