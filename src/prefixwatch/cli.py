@@ -25,7 +25,7 @@ from prefixwatch.core.version import __version__
 log = logging.getLogger("prefixwatch")
 
 # The products' sub-commands: name -> (one-line help, module, parser builder, runner). The help
-# is the module's own (tests/test_cli.py checks they agree); a runner of None is run_<name> here.
+# is the module's own (tests/test_cli.py checks they agree); a runner of None: run_<name> here.
 PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
     "simulate": ("serve simulated vLLM replicas with a built-in workload",
                  "prefixwatch.simulator.cli", "add_simulate_parser", "run_simulate"),
@@ -303,7 +303,8 @@ def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     if command in local:
         return local[command]
     _, module, _, runner = PRODUCT_COMMANDS[command]
-    return getattr(importlib.import_module(module), runner or f"run_{command}")
+    assert runner is not None, f"{command} is run here, so it is listed in `local`"
+    return getattr(importlib.import_module(module), runner)
 
 
 def _quiet_broken_pipe() -> int:

@@ -47,7 +47,7 @@ BUILD_TIMEOUT = 600
 
 
 class StandinUnavailable(Exception):
-    """This machine cannot build the stand-ins (debootstrap needs root)."""
+    """This machine cannot build the stand-ins (no debootstrap, or not root)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,9 @@ class StandinBuilder:
         if tarball.exists():
             return tarball
         debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+        if not Path(debootstrap).exists():
+            raise StandinUnavailable("debootstrap is not installed: run `apt-get install "
+                                     "debootstrap` (Debian)")
         if os.geteuid() != 0:
             raise StandinUnavailable(f"building the stand-in images needs debootstrap as root "
                                      f"once (then cached in {self.cache})")

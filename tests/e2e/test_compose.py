@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 import warnings
@@ -76,8 +75,6 @@ def unavailable(message: str) -> None:
 
 
 def ensure_standins(docker: str, say: Callable[[str], None]) -> dict[str, str]:
-    if not shutil.which("debootstrap") and not Path("/usr/sbin/debootstrap").exists():
-        require_binary("debootstrap", "debootstrap")
     try:
         return StandinBuilder(docker, cache_dir(), say).ensure(read_pins(ROOT))
     except StandinUnavailable as exc:
