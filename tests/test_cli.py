@@ -297,3 +297,41 @@ def test_demo_port_in_use_names_its_owner() -> None:
 def test_demo_bad_flags_exit_2(args: list[str], message: str) -> None:
     r = _demo("--no-prometheus", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_lazy_subcommands_list_their_modules_own_help() -> None:
+    """`prefixwatch --help` lists each product's sub-command without importing it; the line it
+    shows is the one the product's own parser declares."""
+    import argparse
+
+    from prefixwatch.cli import PRODUCT_COMMANDS, build_parser
+
+    sub = build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
+    listed = [a.dest for a in sub._choices_actions]
+    for name, (summary, _, _, _) in PRODUCT_COMMANDS.items():
+        real = sub.build(name)
+        assert isinstance(real, argparse.ArgumentParser) and real.prog == f"prefixwatch {name}"
+        shown = {a.dest: a.help for a in sub._choices_actions}
+        assert shown[name] == summary, (
+            f"{name}: the table says {summary!r}, the module {shown[name]!r}")
+        assert real._actions, f"{name}: the real parser was not built"
+    assert [a.dest for a in sub._choices_actions] == listed, "the listing keeps its order"
+
+
+@pytest.mark.parametrize("args,absent", [
+    (["--help"], ("prefixwatch.exporter", "prefixwatch.mixin", "prefixwatch.report",
+                  "prefixwatch.audit", "prefixwatch.simulator", "prefixwatch.demo")),
+    (["exporter", "--help"], ("prefixwatch.exporter", "prefixwatch.mixin", "numpy", "requests")),
+    (["status", "--help"], ("prefixwatch.exporter", "numpy", "matplotlib")),
+    (["report", "--help"], ("matplotlib", "jinja2", "prefixwatch.exporter")),
+    (["rules", "--help"], ("prefixwatch.report", "prefixwatch.exporter", "matplotlib")),
+])
+def test_help_imports_only_what_it_shows(args: list[str], absent: tuple[str, ...]) -> None:
+    code = ("import sys\nfrom prefixwatch.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\nprint(' '.join(sorted(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(proc.stdout.splitlines()[-1].split())
+    found = [m for m in absent if m in loaded]
+    assert not found, f"prefixwatch {' '.join(args)} imported {found}"

@@ -1,21 +1,83 @@
-"""The `prefixwatch` command: one console script, one sub-command per job."""
+"""The `prefixwatch` command: one console script, one sub-command per job.
+
+Every command pays its imports before it does anything (the exporter's start, each `status`
+run, a container restarted by its healthcheck), so this module imports only the light parts of
+core. A product's sub-command parser is built from its own module only when that sub-command
+is chosen (`LazySubcommands`); `prefixwatch --help` lists them all from the table below
+without importing any (`benchmarks/bench_startup.py` measures it).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from prefixwatch.core import causes, names
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.version import __version__
-from prefixwatch.exporter.config import build_config
 
 log = logging.getLogger("prefixwatch")
+
+# The products' sub-commands: name -> (one-line help, module, parser builder, runner). The help
+# is the module's own (tests/test_cli.py checks they agree); a runner of None: run_<name> here.
+PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
+    "simulate": ("serve simulated vLLM replicas with a built-in workload",
+                 "prefixwatch.simulator.cli", "add_simulate_parser", "run_simulate"),
+    "rules": ("generate Prometheus rules and Alertmanager routing",
+              "prefixwatch.mixin.rules_cli", "add_rules_parser", "run_rules"),
+    "dashboards": ("generate the Grafana dashboards (JSON)",
+                   "prefixwatch.mixin.dashboards_cli", "add_dashboards_parser", "run_dashboards"),
+    "generate": ("write every generated file (rules, dashboards, manifests) at once",
+                 "prefixwatch.mixin.generate", "add_generate_parser", "run_generate"),
+    "audit": ("find where prompts stop sharing a prefix in a request log",
+              "prefixwatch.audit.cli", "add_audit_parser", "run_audit"),
+    "demo": ("run the whole stack on this machine, without Docker",
+             "prefixwatch.demo", "add_demo_parser", "run_demo"),
+    "report": ("write an incident report (HTML, Markdown, figures) from Prometheus",
+               "prefixwatch.report.cli", "add_report_parser", None),
+}
+
+
+class LazySubcommands(argparse._SubParsersAction):
+    """Sub-commands whose parser is built when the sub-command is chosen.
+
+    `add_lazy` lists a placeholder with the sub-command's help; when argparse reaches that
+    sub-command, the placeholder is replaced by the parser its module builds (so
+    `prefixwatch audit --help` imports the audit product and nothing else)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy: dict[str, tuple[str, str]] = {}
+
+    def add_lazy(self, name: str, help: str, module: str, builder: str) -> None:  # noqa: A002
+        self.add_parser(name, help=help)
+        self._lazy[name] = (module, builder)
+
+    def build(self, name: str) -> argparse.ArgumentParser:
+        """The real parser of a sub-command (imports its module the first time)."""
+        if name in self._lazy:
+            module, builder = self._lazy.pop(name)
+            placeholder = self._name_parser_map.pop(name)
+            at = next(i for i, a in enumerate(self._choices_actions) if a.dest == name)
+            del self._choices_actions[at]
+            listed = len(self._choices_actions)
+            getattr(importlib.import_module(module), builder)(self)
+            if len(self._choices_actions) > listed:  # keep the listing's order
+                self._choices_actions.insert(at, self._choices_actions.pop())
+            return self._name_parser_map.setdefault(name, placeholder)
+        return self._name_parser_map[name]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if values and values[0] in self._lazy:
+            self.build(values[0])
+        super().__call__(parser, namespace, values, option_string)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -68,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"],
                         help="logging level (default: info)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                action=LazySubcommands)
 
     exp = sub.add_parser(
         "exporter", help="run the sidecar exporter",
@@ -125,22 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"a server that (re)started less than this ago is cold (default "
                          f"{causes.COLD_START}; `prefixwatch demo --time-scale` prints its own)")
 
-    from prefixwatch.audit.cli import add_audit_parser
-    from prefixwatch.demo import add_demo_parser
-    from prefixwatch.mixin.dashboards_cli import add_dashboards_parser
-    from prefixwatch.mixin.generate import add_generate_parser
-    from prefixwatch.mixin.rules_cli import add_rules_parser
-    from prefixwatch.simulator.cli import add_simulate_parser
-
-    add_simulate_parser(sub)
-    add_rules_parser(sub)
-    add_dashboards_parser(sub)
-    add_generate_parser(sub)
-    add_audit_parser(sub)
-    add_demo_parser(sub)
-    from prefixwatch.report.cli import add_report_parser
-
-    add_report_parser(sub)
+    for name, (summary, module, builder, _) in PRODUCT_COMMANDS.items():
+        sub.add_lazy(name, summary, module, builder)
     parser.set_defaults(_subparsers=sub.choices)
     return parser
 
@@ -156,6 +205,8 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 
 def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
+    from prefixwatch.exporter.config import build_config
+
     kwargs = dict(
         targets=args.target, config_file=args.config, timeout=args.timeout,
         bearer_token_file=args.bearer_token_file, ca_file=args.ca_file,
@@ -245,23 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(parser, argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    commands = {"exporter": run_exporter, "status": run_status}
-    from prefixwatch.audit.cli import run_audit
-    from prefixwatch.demo import run_demo
-    from prefixwatch.mixin.dashboards_cli import run_dashboards
-    from prefixwatch.mixin.generate import run_generate
-    from prefixwatch.mixin.rules_cli import run_rules
-    from prefixwatch.simulator.cli import run_simulate
-
-    commands["simulate"] = run_simulate
-    commands["rules"] = run_rules
-    commands["dashboards"] = run_dashboards
-    commands["generate"] = run_generate
-    commands["audit"] = run_audit
-    commands["demo"] = run_demo
-    commands["report"] = run_report
     try:
-        code = commands[args.command](args)
+        code = _runner(args.command)(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except PrefixwatchError as exc:
@@ -271,6 +307,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _quiet_broken_pipe()
     except KeyboardInterrupt:
         return 130
+
+
+def _runner(command: str) -> Callable[[argparse.Namespace], int]:
+    """The function that runs a sub-command (a product's is imported from its module)."""
+    local = {"exporter": run_exporter, "status": run_status, "report": run_report}
+    if command in local:
+        return local[command]
+    _, module, _, runner = PRODUCT_COMMANDS[command]
+    assert runner is not None, f"{command} is run here, so it is listed in `local`"
+    return getattr(importlib.import_module(module), runner)
 
 
 def _quiet_broken_pipe() -> int:

@@ -11,9 +11,7 @@ from pathlib import Path
 
 from prefixwatch.report.collect import Collector, ReportData, Request
 from prefixwatch.report.divergence import Finding, first_divergence
-from prefixwatch.report.figures import figure1, figure2, figure3
 from prefixwatch.report.promapi import PromClient, ReportError
-from prefixwatch.report.render import render_html, render_markdown
 
 __all__ = ["ReportError", "Request", "Written", "write_report"]
 
@@ -34,6 +32,10 @@ def write_report(prometheus: str, out_dir: str | Path, request: Request,
                  tokenizer: str | None = None, timeout: float = 15.0) -> Written:
     """Query Prometheus over the request's range and write report.html, report.md and the
     figures (PNG and SVG) into ``out_dir``. Raises ReportError on anything the user can fix."""
+    # matplotlib and jinja2 load here, not with the package, so `report --help` stays light.
+    from prefixwatch.report.figures import figure1, figure2, figure3
+    from prefixwatch.report.render import render_html, render_markdown
+
     client = PromClient(prometheus, timeout=timeout)
     try:
         data = Collector(client, request).collect()

@@ -367,8 +367,9 @@ class ReplicaServer:
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
         self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True,
-                                        name=f"replica-{replica.index}")
+        # A short poll, so shutdown() returns at once: SIGTERM ends the simulator within 2 s.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
+                                        daemon=True, name=f"replica-{replica.index}")
 
     @property
     def port(self) -> int:
