@@ -136,6 +136,13 @@ def targets_up(port: int) -> dict[str, float]:
         r'^prefixwatch_target_up\{[^}]*target="([^"]+)"[^}]*\} (\S+)$', text, re.M)}
 
 
+def kv_events_up(port: int) -> dict[str, float]:
+    """prefixwatch_kv_events_up per target: 1 while the exporter decodes that replica's stream."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^prefixwatch_kv_events_up\{[^}]*target="([^"]+)"[^}]*\} (\S+)$', text, re.M)}
+
+
 def committed_rule_count() -> int:
     doc = yaml.safe_load((ROOT / "alerts" / "prefixwatch.exporter.rules.yml").read_text())
     return sum(len(group["rules"]) for group in doc["groups"])
@@ -199,6 +206,10 @@ def test_compose_up_pages_and_comes_down_clean(stack: Compose, say: Callable[[st
                               [v for v in t.values() if v == 1]) == 2 and t,
                           60, stack)
     say(f"exporter: targets up {sorted(up_targets)}")
+    streams = wait_for("the exporter decodes both replicas' KV event streams",
+                       lambda: (k := kv_events_up(stack.ports["exporter"])) and len(
+                           [v for v in k.values() if v == 1]) == 2 and k, 60, stack)
+    say(f"exporter: KV event streams up {sorted(streams)}")
 
     prom = f"http://127.0.0.1:{stack.ports['prometheus']}"
     expected = committed_rule_count()
