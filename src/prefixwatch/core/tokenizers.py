@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from prefixwatch.core import neterrors, schemas
+from prefixwatch.core import schemas
 from prefixwatch.core.logformat import LogRequest
 
 
@@ -87,11 +87,13 @@ class BuiltinTokenizer(OneByOne):
 class ServerTokenizer:
     """vLLM's /tokenize, several requests in flight (vLLM takes one prompt per call).
 
-    ``requests`` is imported here, not with the module: an audit of pre-tokenized lines
-    never pays for it."""
+    ``requests`` (and ``neterrors``, which needs it) is imported here, not with the module:
+    an audit of pre-tokenized lines never pays for it."""
 
     def __init__(self, base_url: str, concurrency: int = 16, timeout: float = 30.0) -> None:
         import requests
+
+        from prefixwatch.core import neterrors
 
         self.base = base_url.rstrip("/").removesuffix("/metrics")
         self.session = requests.Session()
@@ -107,6 +109,8 @@ class ServerTokenizer:
 
     def _one(self, req: LogRequest) -> Sequence[int] | str:
         import requests
+
+        from prefixwatch.core import neterrors
 
         ids = _pretokenized(req)
         if ids is not None:
