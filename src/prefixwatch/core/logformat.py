@@ -237,7 +237,8 @@ def read_jsonl(paths: list[str], stdin: TextIO | None = None,
             text = stdin or sys.stdin
             stream: IO[Any] = getattr(text, "buffer", text)
         else:
-            stream = open(path, "rb")  # noqa: SIM115 - closed below
+            # A large buffer: a log of long prompts is read in a few big reads.
+            stream = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed below
         name = "<stdin>" if path == "-" else path
         joiner = VllmLogJoiner(max_log_len)
         try:
@@ -386,7 +387,9 @@ def parse_line(line: str | bytes, where: str, joiner: VllmLogJoiner
                ) -> list[LogRequest | BadLine] | None:
     """One line of either form, as text or as the bytes read (a JSON line is decoded from
     them directly): requests it completes, or None for a line of no request."""
-    raw = line.strip()
+    # A JSON line is decoded as it is (the decoder skips the newline): stripping would copy
+    # every line of a log of long prompts once more.
+    raw = line if line[:1] in ("{", b"{") else line.strip()
     if not raw:
         return None
     if raw[:1] in ("{", b"{"):
