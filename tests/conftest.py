@@ -1,11 +1,31 @@
-"""Shared test helpers: a loopback HTTP server whose answer each test controls."""
+"""Shared test helpers: a loopback HTTP server whose answer each test controls.
+
+The suite runs in parallel (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml's
+addopts), so every test must be safe beside any other in another process:
+
+- temporary files under ``tmp_path`` only; servers on 127.0.0.1 with port 0 where the server
+  can report the port it got (``free_port()`` only for binaries that cannot);
+- anything cached across tests or runs (the npm packages under ~/.cache/prefixwatch) is
+  built under a file lock (``npm_packages``);
+- tests that share an expensive module fixture carry one ``xdist_group`` mark
+  (``pytestmark = pytest.mark.xdist_group("name")``) so the fixture is built once, in one
+  worker; slow end-to-end tests (real Prometheus, Alertmanager, Docker) are marked
+  ``integration`` and may take any group of their own, e.g. ``xdist_group("compose")`` for a
+  Docker Compose test, so they never wait behind each other.
+
+Most end-to-end tests wait on compressed wall-clock time rather than the CPU, so ``-n auto``
+starts two workers per core (``pytest_xdist_auto_num_workers`` below);
+``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` or ``-n N`` chooses another number, ``-n 0`` none.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -14,6 +34,11 @@ import pytest
 import requests
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core, as the end-to-end tests mostly wait."""
+    return 2 * (os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="session")
@@ -124,22 +149,43 @@ def require_binary(name: str, package: str) -> str:
     pytest.skip(message)
 
 
-def npm_packages(name: str, packages: tuple[str, ...]) -> Path:
-    """A directory with these npm packages installed (cached under ~/.cache/prefixwatch)."""
-    import os
-    import subprocess
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if needed): one process at a time, across
+    xdist workers and concurrent test runs; released when the process dies."""
+    import fcntl
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cache_dir() -> Path:
+    """Where tests keep what outlives a run (``$PREFIXWATCH_CACHE``, else
+    ~/.cache/prefixwatch)."""
+    import os
+
+    return Path(os.environ.get("PREFIXWATCH_CACHE", Path.home() / ".cache" / "prefixwatch"))
+
+
+def npm_packages(name: str, packages: tuple[str, ...]) -> Path:
+    """A directory with these npm packages installed (cached under ~/.cache/prefixwatch),
+    installed by one process while the others wait on its lock."""
     npm = require_binary("npm", "npm")
     require_binary("node", "nodejs")
-    cache = Path(os.environ.get("PREFIXWATCH_CACHE", Path.home() / ".cache" / "prefixwatch"))
-    workdir = cache / name
+    workdir = cache_dir() / name
     marker = workdir / ".installed"
-    if not marker.exists() or marker.read_text() != " ".join(packages):
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "package.json").write_text('{"private": true}\n')
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent", *packages],
-                       cwd=workdir, check=True, timeout=600)
-        marker.write_text(" ".join(packages))
+    with file_lock(cache_dir() / f"{name}.lock"):
+        if not marker.exists() or marker.read_text() != " ".join(packages):
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "package.json").write_text('{"private": true}\n')
+            subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent", *packages],
+                           cwd=workdir, check=True, timeout=600)
+            marker.write_text(" ".join(packages))
     return workdir
 
 
