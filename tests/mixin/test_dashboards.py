@@ -16,7 +16,7 @@ import yaml
 
 from prefixwatch.core import names, schemas
 from prefixwatch.mixin import artifacts, dashboards, rules
-from tests.conftest import file_lock, free_port, npm_packages, require_binary, wait_ready
+from tests.conftest import file_lock, npm_packages, require_binary, start_listening, wait_ready
 
 ROOT = Path(__file__).parents[2]
 SCHEMA_PACKAGES = ("@grafana/schema@13.2.3", "ts-json-schema-generator@2.4.0")
@@ -181,7 +181,6 @@ class Prom:
 
     def __init__(self, tmp: Path, jobs: dict[str, str], rule_text: str) -> None:
         binary = require_binary("prometheus", "prometheus")
-        self.port = free_port()
         (tmp / "rules").mkdir(parents=True)
         (tmp / "rules" / "prefixwatch.rules.yml").write_text(rule_text)
         cfg = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
@@ -191,10 +190,10 @@ class Prom:
         cfg["scrape_configs"] = [{"job_name": job, "static_configs": [{"targets": [addr]}]}
                                  for job, addr in jobs.items()]
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        self.proc = subprocess.Popen(
+        started = start_listening(
             [binary, f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             f"--storage.tsdb.path={tmp / 'data'}", "--web.listen-address=127.0.0.1:0"])
+        self.proc, self.port = started.proc, started.port
 
     def query(self, expr: str) -> list:
         r = requests.get(f"http://127.0.0.1:{self.port}/api/v1/query", params={"query": expr},
@@ -212,6 +211,7 @@ class Prom:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
     from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
