@@ -11,6 +11,9 @@ Two figures for prefixwatch: the prefix index alone (core/prefixindex.py, the ex
 that answers the same question as the naive loop: cacheable tokens and where each prompt
 diverges), and the whole Auditor, which also keeps the report and the hit-rate ledger.
 
+prefixwatch is imported inside the functions that time it, so bench_audit_e2e.py's naive
+process can take ``workload`` and ``naive`` from here with the standard library alone.
+
 Run: python benchmarks/bench_audit.py [--requests 10000] [--repeat 3]
 """
 
@@ -22,9 +25,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-
-from prefixwatch.audit.analysis import Auditor
-from prefixwatch.core.prefixindex import PrefixIndex
 
 BLOCK = 16
 
@@ -77,6 +77,9 @@ def naive(prompts: list[list[int]]) -> tuple[int, int]:
 def index_only(prompts: list[list[int]]) -> tuple[int, int]:
     """The index as the audit runs it: with the Auditor's garbage-collector policy (its
     long-lived edges moved out of the collector's way every FREEZE_EVERY requests)."""
+    from prefixwatch.audit.analysis import Auditor
+    from prefixwatch.core.prefixindex import PrefixIndex
+
     index = PrefixIndex(BLOCK)
     cacheable = total = 0
     for i, prompt in enumerate(prompts, 1):
@@ -89,6 +92,8 @@ def index_only(prompts: list[list[int]]) -> tuple[int, int]:
 
 
 def auditor(prompts: list[list[int]]) -> tuple[int, int]:
+    from prefixwatch.audit.analysis import Auditor
+
     audit = Auditor(BLOCK)
     for prompt in prompts:
         audit.add(prompt)

@@ -1,11 +1,32 @@
-"""Shared test helpers: a loopback HTTP server whose answer each test controls."""
+"""Shared test helpers: a loopback HTTP server whose answer each test controls.
+
+The suite runs in parallel (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml's
+addopts), so every test must be safe beside any other in another process:
+
+- temporary files under ``tmp_path`` only; servers on 127.0.0.1 with port 0 where the server
+  can report the port it got (``free_port()`` only for binaries that cannot);
+- anything cached across tests or runs (the npm packages under ~/.cache/prefixwatch) is
+  built under a file lock (``npm_packages``);
+- tests that share an expensive module fixture carry one ``xdist_group`` mark
+  (``pytestmark = pytest.mark.xdist_group("name")``) so the fixture is built once, in one
+  worker; slow end-to-end tests (real Prometheus, Alertmanager, Docker) are marked
+  ``integration`` and may take any group of their own, e.g. ``xdist_group("compose")`` for a
+  Docker Compose test, so they never wait behind each other.
+
+Most end-to-end tests wait on compressed wall-clock time rather than the CPU, so ``-n auto``
+starts two workers per core (``pytest_xdist_auto_num_workers`` below);
+``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` or ``-n N`` chooses another number, ``-n 0`` none.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -14,6 +35,17 @@ import pytest
 import requests
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per core, as the end-to-end tests mostly wait."""
+    return 2 * (os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first (in their order), so the parallel run never ends waiting
+    on one long test that started last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +70,8 @@ class PageServer:
         self.answer = Answer()
         self.hits = 0
         self.headers: list[dict[str, str]] = []
+        #: (start, end) of every request served, on the monotonic clock.
+        self.spans: list[tuple[float, float]] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,6 +79,13 @@ class PageServer:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802
+                started = time.monotonic()
+                try:
+                    self._answer()
+                finally:
+                    server.spans.append((started, time.monotonic()))
+
+            def _answer(self) -> None:
                 server.hits += 1
                 server.headers.append(dict(self.headers))
                 answer = server.answer
@@ -88,11 +129,55 @@ def page_server() -> Iterator[PageServer]:
 
 
 def free_port() -> int:
+    """A port that was free a moment ago: only for a server that must be told its port
+    before it starts (a second process may take it first); prefer port 0 and
+    ``start_listening``."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_LISTENING = re.compile(r'msg="Listening on" address=\S*:(\d+)')
+
+
+@dataclass
+class Listening:
+    """A started Prometheus or Alertmanager, the port it bound and its log so far."""
+
+    proc: subprocess.Popen
+    port: int
+    log: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def start_listening(cmd: list[str], timeout: float = 30) -> Listening:
+    """Start a Prometheus-family binary given ``--web.listen-address=127.0.0.1:0``: the port
+    it bound, read from its own "Listening on" log line (no bind-and-close race between
+    parallel tests). Its log keeps being read (into ``log``), so the pipe never fills."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    found: list[int] = []
+    seen = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            match = _LISTENING.search(line)
+            if match and not found:
+                found.append(int(match.group(1)))
+                seen.set()
+        seen.set()  # the process ended
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not seen.wait(timeout) or not found:
+        proc.kill()
+        raise AssertionError(f"{cmd[0]} did not start listening: {''.join(lines)[-2000:]}")
+    return Listening(proc, found[0], lines)
 
 
 def with_counters(page: str, queries: float, hits: float) -> str:
@@ -124,22 +209,97 @@ def require_binary(name: str, package: str) -> str:
     pytest.skip(message)
 
 
-def npm_packages(name: str, packages: tuple[str, ...]) -> Path:
-    """A directory with these npm packages installed (cached under ~/.cache/prefixwatch)."""
-    import os
-    import subprocess
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if needed): one process at a time, across
+    xdist workers and concurrent test runs; released when the process dies."""
+    import fcntl
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def cache_dir() -> Path:
+    """Where tests keep what outlives a run (``$PREFIXWATCH_CACHE``, else
+    ~/.cache/prefixwatch)."""
+    import os
+
+    return Path(os.environ.get("PREFIXWATCH_CACHE", Path.home() / ".cache" / "prefixwatch"))
+
+
+#: A whole generated promtool suite takes about a minute of CPU: on a loaded two-core machine
+#: with other suites beside it, several.
+PROMTOOL_TIMEOUT = 900
+
+
+def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The real promtool (``check``, ``test rules``), its output captured. Its garbage
+    collector is tuned for short runs (``GOGC=800`` unless set): a generated suite allocates
+    a parsed query per rule and step, and collects a third less often for 200 MB."""
+    promtool = require_binary("promtool", "prometheus")
+    env = {**os.environ, "GOGC": os.environ.get("GOGC", "800")}
+    return subprocess.run([promtool, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=PROMTOOL_TIMEOUT)
+
+
+def _promql_seconds(text: str) -> int:
+    """``62m30s`` -> 3750 (the durations of promtool test files)."""
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    return int(sum(int(n) * unit[u] for n, u in re.findall(r"(\d+)(ms|[smhdw])", text)))
+
+
+def split_cases(cases: list[dict], chunks: int) -> list[list[dict]]:
+    """promtool test cases in ``chunks`` parts of about equal virtual time (the longest case
+    first into the lightest part); each case in exactly one part."""
+    def virtual_time(case: dict) -> int:
+        evals = case.get("alert_rule_test", []) + case.get("promql_expr_test", [])
+        return max((_promql_seconds(e["eval_time"]) for e in evals), default=0)
+
+    parts: list[list[dict]] = [[] for _ in range(chunks)]
+    loads = [0] * chunks
+    for case in sorted(cases, key=virtual_time, reverse=True):
+        lightest = loads.index(min(loads))
+        parts[lightest].append(case)
+        loads[lightest] += virtual_time(case) or 1
+    return parts
+
+
+def promtool_test_chunk(test_file: Path, chunk: int, chunks: int, tmp: Path
+                        ) -> subprocess.CompletedProcess:
+    """``promtool test rules`` on one of ``chunks`` parts of a test file's cases (parts of
+    about equal virtual time, its longest cases spread first), so the parts of a long suite
+    run on parallel workers. Every case runs in exactly one part; rule files stay the ones
+    the file names."""
+    import yaml
+
+    doc = yaml.safe_load(test_file.read_text())
+    doc["rule_files"] = [str((test_file.parent / f).resolve()) for f in doc["rule_files"]]
+
+    doc["tests"] = split_cases(doc["tests"], chunks)[chunk]
+    path = tmp / f"{test_file.stem}.part{chunk}.yml"
+    path.write_text(yaml.safe_dump(doc, width=1000))
+    return run_promtool("test", "rules", str(path))
+
+
+def npm_packages(name: str, packages: tuple[str, ...]) -> Path:
+    """A directory with these npm packages installed (cached under ~/.cache/prefixwatch),
+    installed by one process while the others wait on its lock."""
     npm = require_binary("npm", "npm")
     require_binary("node", "nodejs")
-    cache = Path(os.environ.get("PREFIXWATCH_CACHE", Path.home() / ".cache" / "prefixwatch"))
-    workdir = cache / name
+    workdir = cache_dir() / name
     marker = workdir / ".installed"
-    if not marker.exists() or marker.read_text() != " ".join(packages):
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "package.json").write_text('{"private": true}\n')
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent", *packages],
-                       cwd=workdir, check=True, timeout=600)
-        marker.write_text(" ".join(packages))
+    with file_lock(cache_dir() / f"{name}.lock"):
+        if not marker.exists() or marker.read_text() != " ".join(packages):
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "package.json").write_text('{"private": true}\n')
+            subprocess.run([npm, "install", "--no-audit", "--no-fund", "--silent", *packages],
+                           cwd=workdir, check=True, timeout=600)
+            marker.write_text(" ".join(packages))
     return workdir
 
 

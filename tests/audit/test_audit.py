@@ -192,6 +192,46 @@ def test_unreachable_server_is_one_sentence_with_the_url(tmp_path: Path) -> None
     assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("ids, detail", [
+    ("[5, 2.0]", "got `float`"), ("[5, -3]", "`int` >= 0"), ("[5, true]", "got `bool`"),
+    ('[5, "7"]', "got `str`"), ("[5, [7]]", "got `array`"), ("null", "got `null`"),
+    ("[]", ""),
+])
+def test_bad_token_ids_are_refused_with_their_line(ids: str, detail: str, tmp_path: Path
+                                                   ) -> None:
+    """Booleans, floats, negative or non-numeric ids: the line is named and skipped (the
+    decoder checks every id; none is converted); alone in a log, one line and exit 2."""
+    from prefixwatch.core.logformat import BadLine, read_jsonl
+
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps({"prompt_token_ids": tokens(40)}) + "\n"
+                   + f'{{"prompt_token_ids": {ids}}}\n')
+    good, bad = read_jsonl([str(log)])
+    assert list(good.token_ids) == tokens(40)
+    assert isinstance(bad, BadLine) and bad.where == f"{log}:2"
+    assert bad.reason.startswith("prompt_token_ids must be a non-empty list of token ids")
+    assert detail in bad.reason
+    if ids != "[5, true]":
+        return  # one process is enough to show the command's side of it
+    alone = tmp_path / "bad.jsonl"
+    alone.write_text(f'{{"prompt_token_ids": {ids}}}\n')
+    out = run(str(alone), "--format", "json", "--no-progress")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"prefixwatch audit: error: no request could be read: 1 line(s) skipped (first, "
+        f"{alone}:1: {bad.reason})"]
+
+
+def test_token_ids_beyond_32_bits_are_refused(tmp_path: Path) -> None:
+    from prefixwatch.core.logformat import BadLine, read_jsonl
+
+    log = tmp_path / "r.jsonl"
+    log.write_text('{"prompt_token_ids": [1, 4294967296]}\n{"prompt": [1, 4294967295]}\n')
+    big, top = read_jsonl([str(log)])
+    assert isinstance(big, BadLine) and "beyond 32 bits" in big.reason
+    assert list(top.token_ids) == [1, 4294967295]
+
+
 def test_stdin_and_pretokenized_lora_salt() -> None:
     lines = [json.dumps({"prompt_token_ids": tokens(100)}),
              json.dumps({"prompt_token_ids": tokens(100), "lora": "a"}),

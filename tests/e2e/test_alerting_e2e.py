@@ -64,6 +64,7 @@ class Webhook:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_timestamp_regression_pages_on_call(tmp_path: Path) -> None:
     prometheus = require_binary("prometheus", "prometheus")
     am_binary = require_binary("prometheus-alertmanager", "prometheus-alertmanager")

@@ -46,7 +46,7 @@ ALERT = "PrefixCacheHitRateLow"
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
                       r"prefixwatch[\w.]*: ")
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
 
 def cache_dir() -> Path:

@@ -90,6 +90,7 @@ def _query(port: int, expr: str) -> list[dict]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_global_view_alerts_per_cluster_and_sums_before_dividing(tmp_path: Path) -> None:
     prometheus = require_binary("prometheus", "prometheus")
     procs: list[subprocess.Popen] = []

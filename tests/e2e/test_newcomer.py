@@ -95,6 +95,7 @@ def assert_urls_answer(lines: list[str]) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_newcomer_walk(tmp_path: Path) -> None:
     require_binary("prometheus", "prometheus")
     require_binary("prometheus-alertmanager", "prometheus-alertmanager")

@@ -29,7 +29,7 @@ from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.conftest import free_port, require_binary, wait_ready
+from tests.conftest import require_binary, start_listening, wait_ready
 
 TIME_SCALE = 0.05  # 5m windows become 15 s, the critical `for: 1m` 3 s, 2.5 minutes 7.5 s
 HEALTHY_SECONDS = 40
@@ -48,6 +48,7 @@ def value(port: int, expr: str) -> float | None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_host_tier_rescue_stays_quiet_and_both_tiers_collapsing_pages(tmp_path: Path) -> None:
     prometheus = require_binary("prometheus", "prometheus")
     rescue = SCENARIOS["offload-rescue"]
@@ -67,16 +68,15 @@ def test_host_tier_rescue_stays_quiet_and_both_tiers_collapsing_pages(tmp_path: 
         exporter.start()
         (tmp_path / "prefixwatch.exporter.rules.yml").write_text(
             rules.render("exporter", rules.MixinConfig(time_scale=TIME_SCALE)))
-        port = free_port()
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "prefixwatch.exporter.rules.yml")],
             "scrape_configs": [{"job_name": "prefixwatch", "static_configs": [
                 {"targets": [f"127.0.0.1:{exporter.port}"]}]}]}))
-        proc = subprocess.Popen(
+        started_prom = start_listening(
             [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             f"--storage.tsdb.path={tmp_path / 'data'}", "--web.listen-address=127.0.0.1:0"])
+        proc, port = started_prom.proc, started_prom.port
         wait_ready(f"http://127.0.0.1:{port}/-/ready", proc)
         driver.start()
         started = time.monotonic()

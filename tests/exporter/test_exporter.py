@@ -251,9 +251,13 @@ def test_a_slow_target_does_not_hold_up_the_round(vllm_page: str) -> None:
         for s in servers:
             s.serve(vllm_page, delay=0.6)
         exporter = make_exporter(*(s.url for s in servers))
-        took = exporter.poll_round()
+        exporter.poll_round()
         assert all(m.up for m in exporter.monitors)
-        assert took < 0.6 * 4 * 0.75, f"round took {took:.2f}s: targets were polled one by one"
+        # Structural, not a stopwatch: some polls were in flight at the same time (one by
+        # one, each would end before the next began).
+        spans = sorted(span for s in servers for span in s.spans)
+        overlapping = sum(1 for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1])
+        assert overlapping >= 1, f"targets were polled one by one: {spans}"
     finally:
         for s in servers:
             s.close()

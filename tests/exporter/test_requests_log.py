@@ -49,20 +49,20 @@ def test_vllm_033_lines_join_the_lora_adapter() -> None:
     out = feed([DETAILS, RECEIVED])
     requests = [r for r in out if isinstance(r, LogRequest)]
     assert len(requests) == 1
-    assert requests[0].token_ids == [128000, 13347, 11, 433, 596, 757]
+    assert list(requests[0].token_ids) == [128000, 13347, 11, 433, 596, 757]
     assert requests[0].lora == "sql-adapter" and requests[0].extra_keys == ("sql-adapter", None)
     assert not requests[0].truncated
 
 
 def test_details_without_its_info_line_still_counts() -> None:
     out = feed([DETAILS])
-    assert [r.token_ids for r in out if isinstance(r, LogRequest)] == [
+    assert [list(r.token_ids) for r in out if isinstance(r, LogRequest)] == [
         [128000, 13347, 11, 433, 596, 757]]
 
 
 def test_old_single_line_form() -> None:
     (req,) = feed([OLD])
-    assert isinstance(req, LogRequest) and req.token_ids == [1, 2, 3] and req.lora is None
+    assert isinstance(req, LogRequest) and list(req.token_ids) == [1, 2, 3] and req.lora is None
 
 
 def test_cut_at_max_log_len_is_marked_truncated() -> None:
@@ -95,7 +95,7 @@ def test_simulator_lines_parse_back(tmp_path) -> None:
     path = tmp_path / "vllm.log"
     path.write_text(buf.getvalue() + "WARNING 11-30 06:00:00 [x.py:1] unrelated\n")
     got = list(read_jsonl([str(path)]))
-    assert [(r.token_ids, r.lora) for r in got if isinstance(r, LogRequest)] == [
+    assert [(list(r.token_ids), r.lora) for r in got if isinstance(r, LogRequest)] == [
         ([5, 6, 7], "adapter-a"), ([5, 6, 8], None)]
     assert not [r for r in got if isinstance(r, BadLine)]
 

@@ -17,7 +17,7 @@ import yaml
 
 from prefixwatch.core import names, schemas
 from prefixwatch.mixin import artifacts, dashboards, rules
-from tests.conftest import free_port, npm_packages, require_binary, wait_ready
+from tests.conftest import file_lock, npm_packages, require_binary, start_listening, wait_ready
 
 ROOT = Path(__file__).parents[2]
 SCHEMA_PACKAGES = ("@grafana/schema@13.2.3", "ts-json-schema-generator@2.4.0")
@@ -111,11 +111,14 @@ def grafana_schema() -> dict:
     with ts-json-schema-generator (cached under ~/.cache/prefixwatch)."""
     workdir = npm_packages("grafana-schema", SCHEMA_PACKAGES)
     schema_path = workdir / "dashboard.schema.json"
-    if not schema_path.exists():
-        types = "node_modules/@grafana/schema/dist/types/raw/dashboard/x/types.gen.d.ts"
-        subprocess.run([str(workdir / "node_modules/.bin/ts-json-schema-generator"),
-                        "--path", types, "--type", "Dashboard", "--no-type-check",
-                        "-o", str(schema_path)], cwd=workdir, check=True, timeout=600)
+    with file_lock(workdir / "schema.lock"):  # one worker writes it, the others wait
+        if not schema_path.exists():
+            types = "node_modules/@grafana/schema/dist/types/raw/dashboard/x/types.gen.d.ts"
+            partial = workdir / "dashboard.schema.json.part"
+            subprocess.run([str(workdir / "node_modules/.bin/ts-json-schema-generator"),
+                            "--path", types, "--type", "Dashboard", "--no-type-check",
+                            "-o", str(partial)], cwd=workdir, check=True, timeout=600)
+            partial.replace(schema_path)
     return json.loads(schema_path.read_text())
 
 
@@ -179,7 +182,6 @@ class Prom:
 
     def __init__(self, tmp: Path, jobs: dict[str, str], rule_text: str) -> None:
         binary = require_binary("prometheus", "prometheus")
-        self.port = free_port()
         (tmp / "rules").mkdir(parents=True)
         (tmp / "rules" / "prefixwatch.rules.yml").write_text(rule_text)
         cfg = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
@@ -189,10 +191,10 @@ class Prom:
         cfg["scrape_configs"] = [{"job_name": job, "static_configs": [{"targets": [addr]}]}
                                  for job, addr in jobs.items()]
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        self.proc = subprocess.Popen(
+        started = start_listening(
             [binary, f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             f"--storage.tsdb.path={tmp / 'data'}", "--web.listen-address=127.0.0.1:0"])
+        self.proc, self.port = started.proc, started.port
 
     def query(self, expr: str) -> list:
         r = requests.get(f"http://127.0.0.1:{self.port}/api/v1/query", params={"query": expr},
@@ -210,6 +212,7 @@ class Prom:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
     from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
@@ -264,26 +267,34 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
         sglang_driver.start()
         for prom in proms.values():
             prom.wait_ready()
-        time.sleep(25)
-        empty = []
-        for source, prom in proms.items():
-            replica_value = replicas[source]
-            for name, dash in dashboards.all_dashboards(source).items():
-                data = json.loads(dashboards.to_json(dash))
-                one = "replica" in name
-                for var in data["templating"]["list"]:
-                    if var["type"] == "query":
-                        values = prom.query(fill_variables(
-                            var["query"].removeprefix("label_values(").rsplit(",", 1)[0]))
-                        assert values, (source, name, var["name"], "variable has no values")
-                for panel in data["panels"]:
-                    results = [prom.query(fill_variables(
-                        t["expr"], rate_interval="4s",
-                        instance=replica_value if one else ".*"))
-                        for t in panel["targets"]]
-                    if not any(results) and (kv_subscribing or panel["title"] != (
-                            "Why these tokens were computed")):
-                        empty.append((source, name, panel["title"]))
+
+        def empty_panels() -> list[tuple[str, str, str]]:
+            """Every variable without values and every panel without data, right now."""
+            empty = []
+            for source, prom in proms.items():
+                replica_value = replicas[source]
+                for name, dash in dashboards.all_dashboards(source).items():
+                    data = json.loads(dashboards.to_json(dash))
+                    one = "replica" in name
+                    for var in data["templating"]["list"]:
+                        if var["type"] == "query" and not prom.query(fill_variables(
+                                var["query"].removeprefix("label_values(").rsplit(",", 1)[0])):
+                            empty.append((source, name, f"variable {var['name']}"))
+                    for panel in data["panels"]:
+                        results = [prom.query(fill_variables(
+                            t["expr"], rate_interval="4s",
+                            instance=replica_value if one else ".*"))
+                            for t in panel["targets"]]
+                        if not any(results) and (kv_subscribing or panel["title"] != (
+                                "Why these tokens were computed")):
+                            empty.append((source, name, panel["title"]))
+            return empty
+
+        # Until every panel shows data (the slowest need a few rule evaluations over 4 s
+        # rates); a panel that never does fails at the deadline, named.
+        deadline = time.monotonic() + 90
+        while (empty := empty_panels()) and time.monotonic() < deadline:
+            time.sleep(1)
         assert not empty, f"panels with no data: {empty}"
     finally:
         driver.stop()

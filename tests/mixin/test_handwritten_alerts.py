@@ -4,7 +4,6 @@ annotations of the default config's main alerts, against the committed rules."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from prefixwatch.mixin import rules
 from prefixwatch.mixin.artifacts import render_all
 from prefixwatch.mixin.config import MixinConfig
-from tests.conftest import require_binary
+from tests.conftest import run_promtool
 
 ROOT = Path(__file__).parents[2]
 HANDWRITTEN = sorted((ROOT / "alerts" / "tests").glob("handwritten.*.test.yml"))
@@ -26,21 +25,17 @@ def test_there_are_hand_written_tests_and_generate_never_writes_them() -> None:
 
 @pytest.mark.parametrize("path", HANDWRITTEN, ids=lambda p: p.name)
 def test_hand_written_expectations_hold(path: Path) -> None:
-    promtool = require_binary("promtool", "prometheus")
-    r = subprocess.run([promtool, "test", "rules", path.name], cwd=path.parent,
-                       capture_output=True, text=True, timeout=120)
+    r = run_promtool("test", "rules", path.name, cwd=path.parent)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_a_changed_page_text_fails_them(tmp_path: Path) -> None:
     """The literal expectations are not vacuous: rules from another threshold fail them (the
     page comes later and says 60%)."""
-    promtool = require_binary("promtool", "prometheus")
     path = next(p for p in HANDWRITTEN if ".exporter." in p.name)
     (tmp_path / "tests").mkdir()
     shutil.copy(path, tmp_path / "tests" / path.name)
     (tmp_path / "prefixwatch.exporter.rules.yml").write_text(
         rules.render("exporter", MixinConfig(hit_ratio_threshold=0.6)))
-    r = subprocess.run([promtool, "test", "rules", path.name], cwd=tmp_path / "tests",
-                       capture_output=True, text=True, timeout=120)
+    r = run_promtool("test", "rules", path.name, cwd=tmp_path / "tests")
     assert r.returncode != 0 and "alertname: PrefixCacheHitRateLow" in r.stdout + r.stderr

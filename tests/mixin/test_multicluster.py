@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,20 +12,22 @@ import yaml
 from prefixwatch.mixin import alertmanager, alerttests, artifacts, clustertests, rules
 from prefixwatch.mixin.config import MixinConfig, load_config
 from prefixwatch.mixin.sources import SOURCES
-from tests.conftest import require_binary
+from tests.conftest import promtool_test_chunk, run_promtool
 
 CFG = load_config(data={"cluster_label": "cluster"})
 
 
-def promtool_test(tmp_path: Path, source: str, tests_text: str, cfg: MixinConfig) -> None:
-    promtool = require_binary("promtool", "prometheus")
+def promtool_test(tmp_path: Path, source: str, tests_text: str, cfg: MixinConfig,
+                  part: tuple[int, int] | None = None) -> None:
+    """The rules of ``cfg`` checked, then the cases (all, or ``part`` = (index, parts))."""
     (tmp_path / "r.yml").write_text(rules.render(source, cfg))
     (tmp_path / "t.yml").write_text(tests_text)
-    check = subprocess.run([promtool, "check", "rules", str(tmp_path / "r.yml")],
-                           capture_output=True, text=True, timeout=60)
+    check = run_promtool("check", "rules", str(tmp_path / "r.yml"))
     assert check.returncode == 0, check.stdout + check.stderr
-    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")],
-                            capture_output=True, text=True, timeout=120)
+    if part is None:
+        result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
+    else:
+        result = promtool_test_chunk(tmp_path / "t.yml", *part, tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
@@ -35,8 +36,15 @@ def test_two_clusters_alert_separately_and_sum_within_each(tmp_path: Path, sourc
     promtool_test(tmp_path, source, clustertests.render(source, "r.yml", CFG), CFG)
 
 
-def test_the_single_cluster_cases_still_pass_with_a_cluster_label(tmp_path: Path) -> None:
-    promtool_test(tmp_path, "exporter", alerttests.render("exporter", "r.yml", CFG), CFG)
+PARTS = 3  # the whole exporter suite: in parts, on parallel workers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", range(PARTS), ids=lambda p: f"part{p + 1}of{PARTS}")
+def test_the_single_cluster_cases_still_pass_with_a_cluster_label(tmp_path: Path, part: int
+                                                                  ) -> None:
+    promtool_test(tmp_path, "exporter", alerttests.render("exporter", "r.yml", CFG), CFG,
+                  (part, PARTS))
 
 
 def test_every_aggregation_keeps_the_cluster() -> None:

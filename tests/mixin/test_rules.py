@@ -12,15 +12,10 @@ import yaml
 
 from prefixwatch.mixin import alertmanager, alerttests, rules
 from prefixwatch.mixin.rules_cli import write_all
-from tests.conftest import require_binary
+from tests.conftest import promtool_test_chunk, require_binary, run_promtool, split_cases
 
 ROOT = Path(__file__).parents[2]
 ALERTS = ROOT / "alerts"
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    return require_binary("promtool", "prometheus")
 
 
 @pytest.fixture(scope="module")
@@ -77,18 +72,35 @@ def test_every_cause_has_a_runbook_section_and_the_alerts_link_it() -> None:
 
 
 @pytest.mark.parametrize("source", rules.SOURCES)
-def test_promtool_checks_and_unit_tests(promtool: str, source: str) -> None:
-    rule_file = str(ALERTS / f"prefixwatch.{source}.rules.yml")
-    check = subprocess.run([promtool, "check", "rules", rule_file], capture_output=True,
-                           text=True)
+def test_promtool_checks_the_rules(source: str) -> None:
+    check = run_promtool("check", "rules", str(ALERTS / f"prefixwatch.{source}.rules.yml"))
     assert check.returncode == 0, check.stdout + check.stderr
-    test = subprocess.run([promtool, "test", "rules",
-                           str(ALERTS / "tests" / f"prefixwatch.{source}.test.yml")],
-                          capture_output=True, text=True)
+
+
+#: Each source's generated suite runs in parts on parallel workers (a minute of CPU each).
+PARTS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", range(PARTS), ids=lambda p: f"part{p + 1}of{PARTS}")
+@pytest.mark.parametrize("source", rules.SOURCES)
+def test_promtool_unit_tests(source: str, part: int, tmp_path: Path) -> None:
+    test = promtool_test_chunk(ALERTS / "tests" / f"prefixwatch.{source}.test.yml", part,
+                               PARTS, tmp_path)
     assert test.returncode == 0, test.stdout + test.stderr
 
 
-def test_per_model_thresholds_opt_outs_and_selector(promtool: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", rules.SOURCES)
+def test_the_parts_hold_every_case_once(source: str) -> None:
+    """Splitting drops no case of a suite, runs none twice, and shares the time out."""
+    cases = yaml.safe_load((ALERTS / "tests" / f"prefixwatch.{source}.test.yml").read_text())[
+        "tests"]
+    parts = split_cases(cases, PARTS)
+    assert sorted(map(repr, (c for part in parts for c in part))) == sorted(map(repr, cases))
+    assert all(parts), "an empty part"
+
+
+def test_per_model_thresholds_opt_outs_and_selector(tmp_path: Path) -> None:
     cfg_path = tmp_path / "cfg.yml"
     cfg_path.write_text(textwrap.dedent("""\
         selectors: {matchers: 'job="vllm"'}
@@ -114,8 +126,7 @@ def test_per_model_thresholds_opt_outs_and_selector(promtool: str, tmp_path: Pat
         "interval": "15s", "input_series": series,
         "alert_rule_test": [cases.at(rules.ALERT_LOW, 10, firing)]}]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, width=1000))
-    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")],
-                            capture_output=True, text=True)
+    result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     # The same 0.2 ratio does fire for the model with a 0.3 threshold.
     series = traffic("coder.v2", 0.2)
@@ -123,8 +134,7 @@ def test_per_model_thresholds_opt_outs_and_selector(promtool: str, tmp_path: Pat
     doc["tests"][0]["alert_rule_test"] = [cases.at(rules.ALERT_LOW, 10, [
         cases.expect(rules.ALERT_LOW, "critical", {"model_name": "coder.v2"}, 0.2)])]
     (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, width=1000))
-    result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yml")],
-                            capture_output=True, text=True)
+    result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -22,6 +22,9 @@ from tests.report.loopback import LoopbackStack
 
 EVALUATION = 1.0  # seconds, scrape and rule evaluation
 
+# The tests share one run of the stack (the module fixture): one worker runs them all.
+pytestmark = [pytest.mark.xdist_group("report-e2e"), pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Written, float]:

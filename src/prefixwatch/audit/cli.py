@@ -1,4 +1,10 @@
-"""`prefixwatch audit`: which token breaks the prefix cache, and what a fix would achieve."""
+"""`prefixwatch audit`: which token breaks the prefix cache, and what a fix would achieve.
+
+The audit of a pre-tokenized log imports only what it runs: the progress bar (tqdm) when it
+is shown, an HTTP client only with ``--server``. ``python -m prefixwatch.audit.cli LOG`` runs
+the audit alone, without the other commands' parsers (``benchmarks/bench_audit_e2e.py``
+compares both with the naive loop).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,8 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
-from tqdm import tqdm
-
 from prefixwatch.audit.analysis import Auditor, Report, diff
-from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.ledger import COUNTED as LEDGER_COUNTED
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.logformat import BadLine, LogRequest, parse_request, read_jsonl
@@ -130,8 +134,7 @@ def _run_log(args: argparse.Namespace) -> int:
     text_capable = not isinstance(tok, NoTokenizer)
     auditor = Auditor(_block_size(args, tok), args.kv_blocks)
     report = auditor.report
-    bar = tqdm(unit=" req", desc="auditing", file=sys.stderr,
-               disable=args.no_progress or not sys.stderr.isatty())
+    bar = _progress(args.no_progress)
     for batch in _batches(read_jsonl(args.logs), BATCH):
         good = [r for r in batch if isinstance(r, LogRequest)]
         if not text_capable:
@@ -145,10 +148,15 @@ def _run_log(args: argparse.Namespace) -> int:
             if isinstance(ids, str):
                 _skipped(report, item.where, ids)
                 continue
-            auditor.add(ids, item.extra_keys, item.replica, item.cached_tokens,
-                        item.max_tokens)
-        bar.update(len(batch))
-    bar.close()
+            try:
+                auditor.add(ids, item.extra_keys, item.replica, item.cached_tokens,
+                            item.max_tokens)
+            except ValueError as exc:  # a tokenizer's id beyond 32 bits
+                _skipped(report, item.where, str(exc))
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
     if report.bad_lines and not report.requests:
         where, why = report.bad_lines[0]
         raise ConfigError(f"no request could be read: {len(report.bad_lines)} line(s) "
@@ -169,6 +177,15 @@ def _run_log(args: argparse.Namespace) -> int:
     if args.fail_under is not None and (rate is None or rate < args.fail_under):
         return 1
     return 0
+
+
+def _progress(off: bool) -> Any:
+    """A progress bar on a terminal (tqdm, imported only then), else None."""
+    if off or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(unit=" req", desc="auditing", file=sys.stderr)
 
 
 def _ledger_json(auditor: Auditor) -> dict[str, Any]:
@@ -244,7 +261,7 @@ def _run_diff(args: argparse.Namespace) -> int:
     for path, item in zip(args.logs[1:], ids, strict=True):
         if isinstance(item, str):
             raise ConfigError(f"{path}: {item}")
-    a, b = ids  # type: ignore[misc]
+    a, b = (list(x) for x in ids)  # type: ignore[arg-type]
     bs = _block_size(args, tok)
     result = diff(a, b, bs)  # type: ignore[arg-type]
     pos = result["first_divergent_token"]
@@ -267,3 +284,22 @@ def _run_diff(args: argparse.Namespace) -> int:
                   f"{tok.decode(b[pos:pos + 12])!r}⟧")  # type: ignore[index]
     print(f"reusable blocks: {result['reusable_blocks']} of {result['blocks']}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The audit on its own (``python -m prefixwatch.audit.cli``): the same flags, output,
+    messages and exit status as ``prefixwatch audit``."""
+    parser = argparse.ArgumentParser(prog="prefixwatch")
+    add_audit_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["audit", *(sys.argv[1:] if argv is None else argv)])
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return run_audit(args)
+    except PrefixwatchError as exc:
+        print(f"prefixwatch audit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

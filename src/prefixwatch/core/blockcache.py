@@ -28,24 +28,28 @@ import random
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 MASK = (1 << 64) - 1
 _WEIGHT_CHUNK = 4096
 _SEED = 0x5EED_B10C
-_weights = np.zeros(0, dtype=np.uint64)
+#: Grown on first use; numpy is imported then, so an audit without --kv-blocks never loads it.
+_weights: np.ndarray | None = None
 _weights_lock = threading.Lock()
 
 
 def _weights_for(n: int) -> np.ndarray:
     """The first ``n`` chain weights; the same on every run (grown in seeded chunks)."""
+    import numpy as np
+
     global _weights
     w = _weights
-    if len(w) < n:
+    if w is None or len(w) < n:
         with _weights_lock:
-            w = _weights
+            w = _weights if _weights is not None else np.zeros(0, dtype=np.uint64)
             chunks = [w]
             for c in range(len(w) // _WEIGHT_CHUNK, -(-n // _WEIGHT_CHUNK)):
                 rng = np.random.default_rng([_SEED, c])
@@ -65,6 +69,8 @@ def block_ids(tokens: Sequence[int], block_size: int, root: int) -> list[int]:
     n = len(tokens) // block_size
     if n == 0:
         return []
+    import numpy as np
+
     # zip hands out one reused tuple per block when nothing keeps it: no allocation.
     blocks = zip(*[iter(tokens)] * block_size, strict=False)
     h = np.fromiter(map(hash, blocks), dtype=np.int64, count=n).view(np.uint64)

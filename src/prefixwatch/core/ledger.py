@@ -154,8 +154,8 @@ class Ledger:
             rindex = self.replicas.get(replica)
             if rindex is None:
                 bound = (index.max_requests or len(index.window) + 1) + 1
-                rindex = self.replicas[replica] = PrefixIndex(bs, bound if index.sliding
-                                                              else None)
+                rindex = self.replicas[replica] = PrefixIndex(
+                    bs, bound if index.sliding else None, packed=index.packed)
             own = rindex.insert(q, extra_keys, at).cacheable_tokens
         pool = self._pool(replica)
         reach = own if pool is None else min(self._replay(pool, q, extra_keys, output or 0), own)

@@ -20,13 +20,15 @@ newer form is on the INFO line that follows the DEBUG one; the two are joined by
 
 from __future__ import annotations
 
-import json
 import re
 import sys
+from array import array
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, TextIO
+from typing import IO, Annotated, Any, TextIO
+
+import msgspec
 
 
 @dataclass
@@ -37,7 +39,8 @@ class LogRequest:
     messages: list[dict[str, Any]] | None = None
     tools: list[Any] | None = None
     prompt: str | None = None
-    token_ids: list[int] | None = None
+    #: The prompt's token ids, as an ``array('I')`` when the log carried them.
+    token_ids: Sequence[int] | None = None
     lora: str | None = None
     cache_salt: str | None = None
     #: The token ids were cut at --max-log-len: only their start is known.
@@ -65,33 +68,100 @@ class BadLine:
     reason: str
 
 
+#: A token id as a log may carry it: a JSON integer >= 0 (msgspec's ``int`` refuses booleans
+#: and floats such as 1.0).
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _RequestLine(msgspec.Struct, gc=False):
+    """The fields of a JSONL request line, typed so that msgspec checks them while it
+    decodes (one pass in C, no Python work per token); unknown fields are skipped."""
+
+    prompt_token_ids: list[TokenId] | msgspec.UnsetType = msgspec.UNSET
+    messages: Any = msgspec.UNSET
+    tools: Any = None
+    prompt: str | list[TokenId] | msgspec.UnsetType = msgspec.UNSET
+    lora: str | None = None
+    cache_salt: str | None = None
+    replica: str | None = None
+    cached_tokens: _Count | None = None
+    usage: Any = None
+    max_tokens: _Count | None = None
+
+
+_decode_line = msgspec.json.Decoder(_RequestLine).decode
+_decode_ids = msgspec.json.Decoder(list[TokenId]).decode
+
+_IDS_REASON = "prompt_token_ids must be a non-empty list of token ids"
+_FIELD_REASONS = {
+    "prompt_token_ids": _IDS_REASON,
+    "prompt": "prompt must be a non-empty string or a non-empty list of token ids",
+    "lora": "lora must be a string",
+    "cache_salt": "cache_salt must be a string",
+    "replica": "replica must be a string",
+    "cached_tokens": "cached_tokens must be a non-negative integer",
+    "max_tokens": "max_tokens must be a non-negative integer",
+}
+
+
+def _invalid(exc: msgspec.ValidationError) -> ValueError:
+    """msgspec's "Expected `int`, got `bool` - at `$.prompt_token_ids[3]`" as the reason a
+    line is skipped: the field's rule, then what msgspec found and where."""
+    detail, _, path = str(exc).partition(" - at `")
+    path = path.rstrip("`")
+    if not path:
+        return ValueError("not a JSON object")
+    field = path[2:].split("[", 1)[0].split(".", 1)[0]
+    rule = _FIELD_REASONS.get(field, f"{field} is not valid")
+    return ValueError(f"{rule} ({detail.lower()} at {path[2:]})")
+
+
+def packed_ids(ids: Sequence[int]) -> array:
+    """Token ids as the prefix index holds them, ``array('I')`` (4 bytes a token); a ValueError
+    for an id beyond 32 bits (no tokenizer's vocabulary is that large)."""
+    try:
+        return array("I", ids)
+    except OverflowError:
+        raise ValueError("token id beyond 32 bits (no vocabulary is that large)") from None
+
+
 def parse_request(obj: Any, where: str) -> LogRequest:
     """A request object in any of the accepted forms; ValueError with a reason otherwise."""
-    if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
-    lora = obj.get("lora")
-    salt = obj.get("cache_salt")
-    replica = obj.get("replica")
-    for name, value in (("lora", lora), ("cache_salt", salt), ("replica", replica)):
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"{name} must be a string")
-    cached = _cached_tokens(obj)
-    max_tokens = obj.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(
-            max_tokens, bool) or max_tokens < 0):
-        raise ValueError("max_tokens must be a non-negative integer")
-    found = _parse_prompt(obj, where, lora, salt)
-    found.replica, found.cached_tokens, found.max_tokens = replica, cached, max_tokens
+    try:
+        line = msgspec.convert(obj, _RequestLine)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+    return _request(line, where)
+
+
+def decode_request(text: str | bytes, where: str) -> LogRequest:
+    """One JSON line, decoded and checked in one pass; ValueError with a reason otherwise."""
+    try:
+        line = _decode_line(text)
+    except msgspec.ValidationError as exc:
+        raise _invalid(exc) from None
+    except msgspec.DecodeError as exc:
+        if isinstance(text, bytes):  # not UTF-8: read it as the text decoder would
+            return decode_request(text.decode("utf-8", errors="replace"), where)
+        raise ValueError(f"not JSON ({exc})") from None
+    return _request(line, where)
+
+
+def _request(line: _RequestLine, where: str) -> LogRequest:
+    found = _parse_prompt(line, where)
+    found.replica, found.max_tokens = line.replica, line.max_tokens
+    found.cached_tokens = _cached_tokens(line)
     return found
 
 
-def _cached_tokens(obj: dict[str, Any]) -> int | None:
+def _cached_tokens(line: _RequestLine) -> int | None:
     """``cached_tokens`` at the top, or in an OpenAI ``usage`` object; None when absent."""
-    value = obj.get("cached_tokens")
-    usage = obj.get("usage")
-    if value is None and isinstance(usage, dict):
-        details = usage.get("prompt_tokens_details")
-        value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if line.cached_tokens is not None:
+        return line.cached_tokens
+    usage = line.usage
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -99,29 +169,28 @@ def _cached_tokens(obj: dict[str, Any]) -> int | None:
     return value
 
 
-def _parse_prompt(obj: dict[str, Any], where: str, lora: str | None, salt: str | None
-                  ) -> LogRequest:
-    if "prompt_token_ids" in obj:
-        ids = obj["prompt_token_ids"]
-        if not isinstance(ids, list) or not ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-            raise ValueError("prompt_token_ids must be a non-empty list of token ids")
-        return LogRequest(where, token_ids=ids, lora=lora, cache_salt=salt)
-    if "messages" in obj:
-        messages = obj["messages"]
+def _parse_prompt(line: _RequestLine, where: str) -> LogRequest:
+    lora, salt = line.lora, line.cache_salt
+    if line.prompt_token_ids is not msgspec.UNSET:
+        if not line.prompt_token_ids:
+            raise ValueError(_IDS_REASON)
+        return LogRequest(where, token_ids=packed_ids(line.prompt_token_ids), lora=lora,
+                          cache_salt=salt)
+    if line.messages is not msgspec.UNSET:
+        messages = line.messages
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a non-empty list of {role, content} objects")
-        tools = obj.get("tools")
+        tools = line.tools
         if tools is not None and not isinstance(tools, list):
             raise ValueError("tools must be a list")
         return LogRequest(where, messages=messages, tools=tools, lora=lora, cache_salt=salt)
-    if "prompt" in obj:
-        prompt = obj["prompt"]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return LogRequest(where, token_ids=prompt, lora=lora, cache_salt=salt)
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("prompt must be a non-empty string")
+    prompt = line.prompt
+    if prompt is not msgspec.UNSET:
+        if not prompt:
+            raise ValueError(_FIELD_REASONS["prompt"])
+        if isinstance(prompt, list):
+            return LogRequest(where, token_ids=packed_ids(prompt), lora=lora, cache_salt=salt)
         return LogRequest(where, prompt=prompt, lora=lora, cache_salt=salt)
     raise ValueError("no messages, prompt or prompt_token_ids")
 
@@ -135,9 +204,10 @@ MAX_SKIP_BYTES = 16 * MAX_LINE_BYTES
 LINE_TOO_LONG = f"line longer than {MAX_LINE_BYTES} bytes"
 
 
-def bounded_lines(stream: IO[Any]) -> Iterator[tuple[str | None, str]]:
-    """(line, "") for each line of a binary or text stream, or (None, why) for a line past
-    MAX_LINE_BYTES, which is skipped in pieces; past MAX_SKIP_BYTES the file ends there."""
+def bounded_lines(stream: IO[Any]) -> Iterator[tuple[str | bytes | None, str]]:
+    """(line, "") for each line of a binary (bytes, undecoded: JSON is decoded from them
+    directly) or text stream, or (None, why) for a line past MAX_LINE_BYTES, which is
+    skipped in pieces; past MAX_SKIP_BYTES the file ends there."""
     while True:
         line = stream.readline(MAX_LINE_BYTES + 1)
         if not line:
@@ -155,7 +225,7 @@ def bounded_lines(stream: IO[Any]) -> Iterator[tuple[str | None, str]]:
                 return
             yield None, LINE_TOO_LONG
             continue
-        yield (line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line), ""
+        yield line, ""
 
 
 def read_jsonl(paths: list[str], stdin: TextIO | None = None,
@@ -167,7 +237,8 @@ def read_jsonl(paths: list[str], stdin: TextIO | None = None,
             text = stdin or sys.stdin
             stream: IO[Any] = getattr(text, "buffer", text)
         else:
-            stream = open(path, "rb")  # noqa: SIM115 - closed below
+            # A large buffer: a log of long prompts is read in a few big reads.
+            stream = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed below
         name = "<stdin>" if path == "-" else path
         joiner = VllmLogJoiner(max_log_len)
         try:
@@ -178,7 +249,8 @@ def read_jsonl(paths: list[str], stdin: TextIO | None = None,
                     continue
                 found = parse_line(line, where, joiner)
                 if found is None:
-                    if line.strip() and not VLLM_LOG_PREFIX.match(line):
+                    text = _text(line).strip()
+                    if text and not VLLM_LOG_PREFIX.match(text):
                         yield BadLine(where, "neither JSON nor a vLLM request log line")
                     continue
                 yield from found
@@ -205,23 +277,23 @@ _REQUEST_ID = re.compile(r"Request (\S+) details: prompt: ")
 _LORA_NAME = re.compile(r"lora_name='((?:[^'\\]|\\.)*)'")
 
 
-def _token_ids(text: str) -> list[int] | None:
-    """The ``[1, 2, 3]`` after prompt_token_ids, or None when absent or cut mid-list."""
+def _token_ids(text: str) -> array | None:
+    """The ``[1, 2, 3]`` after prompt_token_ids, or None when absent or cut mid-list; the
+    list is JSON, so msgspec reads and checks it in one pass."""
     if text.startswith("None"):
         return None
     end = text.find("]")
     if not text.startswith("[") or end < 0:
         raise ValueError("prompt_token_ids list is not closed (a partial line?)")
-    body = text[1:end].strip()
-    if not body:
-        return None
     try:
-        ids = [int(t) for t in body.split(",")]
-    except ValueError:
+        ids = _decode_ids(text[:end + 1])
+    except msgspec.ValidationError as exc:
+        if ">= 0" in str(exc):
+            raise ValueError("negative token id") from None
         raise ValueError("prompt_token_ids holds something other than token ids") from None
-    if any(t < 0 for t in ids):
-        raise ValueError("negative token id")
-    return ids
+    except msgspec.DecodeError:
+        raise ValueError("prompt_token_ids holds something other than token ids") from None
+    return packed_ids(ids) if ids else None
 
 
 def _lora_after(text: str) -> str | None:
@@ -303,23 +375,29 @@ class VllmLogJoiner:
         self._pending.clear()
         return out
 
-    def _cut(self, ids: list[int]) -> bool:
+    def _cut(self, ids: Sequence[int]) -> bool:
         return self.max_log_len is not None and len(ids) >= self.max_log_len
 
 
-def parse_line(line: str, where: str, joiner: VllmLogJoiner
+def _text(line: str | bytes) -> str:
+    return line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
+
+
+def parse_line(line: str | bytes, where: str, joiner: VllmLogJoiner
                ) -> list[LogRequest | BadLine] | None:
-    """One line of either form: requests it completes, or None for a line of no request."""
-    text = line.strip()
-    if not text:
+    """One line of either form, as text or as the bytes read (a JSON line is decoded from
+    them directly): requests it completes, or None for a line of no request."""
+    # A JSON line is decoded as it is (the decoder skips the newline): stripping would copy
+    # every line of a log of long prompts once more.
+    raw = line if line[:1] in ("{", b"{") else line.strip()
+    if not raw:
         return None
-    if text.startswith("{"):
+    if raw[:1] in ("{", b"{"):
         try:
-            return [parse_request(json.loads(text), where)]
-        except json.JSONDecodeError as exc:
-            return [BadLine(where, f"not JSON ({exc.msg})")]
+            return [decode_request(raw, where)]
         except ValueError as exc:
             return [BadLine(where, str(exc))]
+    text = _text(raw)
     if joiner.is_request_line(text) or "Received request " in text:
         return joiner.feed(text, where)
     return None

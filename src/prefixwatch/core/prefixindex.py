@@ -9,12 +9,12 @@ the ledger. For every request it answers, against all earlier requests of the sa
   hits, within the first n - 1 tokens (``core.blockcache.cached_tokens_for``);
 - the divergence, exact to the token: where both requests have a token and they differ.
 
-Each edge holds its own copy of a run of tokens (a list in the audit, a packed ``array('I')``
-in a window, 4 bytes a token), made once when the edge is created; a node's children are keyed
-by their first token, in insertion order. A look-up walks the edges and compares whole slices
-at C speed (``a[i:j] == b[k:l]``), galloping then halving to the first mismatch inside an
-edge, so the matched part of a prompt costs a few slice copies, not Python work per token or
-per block, and nothing is hashed.
+Each edge holds its own copy of a run of tokens (a packed ``array('I')``, 4 bytes a token, in
+the audit and a window; a list when the index is built from lists), made once when the edge
+is created; a node's children are keyed by their first token, in insertion order. A look-up
+walks the edges and compares whole slices at C speed (``a[i:j] == b[k:l]``), galloping then
+halving to the first mismatch inside an edge, so the matched part of a prompt costs a few
+slice copies, not Python work per token or per block, and nothing is hashed.
 
 In a sliding window (``max_requests`` / ``max_blocks``, oldest out first) each node counts the
 requests through it; dropping a request decrements its path, deletes the nodes that reach 0
@@ -91,12 +91,13 @@ class PrefixIndex:
 
     ``add`` is the audit's pass (match, then insert); ``add_timed`` / ``drop_oldest`` the
     window's; ``reach`` / ``insert`` the ledger's (a look-up without inserting, and an insert).
-    ``packed``: edges and queries are ``array('I')`` (a window: bounded memory, 4 bytes a
-    token) rather than lists (the audit: a prompt is used as given, no conversion pass).
+    ``packed``: edges and queries are ``array('I')`` (4 bytes a token, slices compared with
+    one memcmp) rather than lists of ints; the default is packed for a window, lists
+    otherwise. The audit packs too: the ids it reads from a log are already arrays.
     """
 
     def __init__(self, block_size: int, max_requests: int | None = None,
-                 max_blocks: int | None = None) -> None:
+                 max_blocks: int | None = None, packed: bool | None = None) -> None:
         if block_size < 1 or (max_requests is not None and max_requests < 1) or (
                 max_blocks is not None and max_blocks < 1):
             raise ValueError("block size and window bounds must be at least 1")
@@ -104,7 +105,7 @@ class PrefixIndex:
         self.max_requests = max_requests
         self.max_blocks = max_blocks
         self.sliding = max_requests is not None or max_blocks is not None
-        self.packed = self.sliding
+        self.packed = self.sliding if packed is None else packed
         self.roots: dict[Hashable, Node] = {}
         self.window: deque[Entry] = deque()
         #: Distinct full KV blocks held: each distinct prefix of k * block_size tokens once.

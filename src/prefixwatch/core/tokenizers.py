@@ -16,10 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-import requests
-from prometheus_client.parser import text_string_to_metric_families
-
-from prefixwatch.core import neterrors, schemas
+from prefixwatch.core import schemas
 from prefixwatch.core.logformat import LogRequest
 
 
@@ -28,30 +25,31 @@ class AuditError(Exception):
 
 
 class Tokenizer(Protocol):
-    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
+    def tokenize(self, batch: Sequence[LogRequest]) -> list[Sequence[int] | str]:
         """Token ids per request, or an error string for that request."""
 
     def decode(self, tokens: Sequence[int]) -> str: ...
 
 
-def _pretokenized(req: LogRequest) -> list[int] | None:
-    return list(req.token_ids) if req.token_ids is not None else None
+def _pretokenized(req: LogRequest) -> Sequence[int] | None:
+    """The log's own token ids, as read (no copy: a long log holds millions)."""
+    return req.token_ids
 
 
 class OneByOne:
     """Tokenizes a batch request by request; pre-tokenized requests pass through."""
 
-    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
+    def tokenize(self, batch: Sequence[LogRequest]) -> list[Sequence[int] | str]:
         return [_pretokenized(req) or self._one(req) for req in batch]
 
-    def _one(self, req: LogRequest) -> list[int] | str:
+    def _one(self, req: LogRequest) -> Sequence[int] | str:
         raise NotImplementedError
 
 
 class NoTokenizer:
     """Only pre-tokenized lines; others are reported as needing --server or --tokenizer."""
 
-    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
+    def tokenize(self, batch: Sequence[LogRequest]) -> list[Sequence[int] | str]:
         return [_pretokenized(r) or "text request: give --server URL or --tokenizer DIR"
                 for r in batch]
 
@@ -87,9 +85,16 @@ class BuiltinTokenizer(OneByOne):
 
 
 class ServerTokenizer:
-    """vLLM's /tokenize, several requests in flight (vLLM takes one prompt per call)."""
+    """vLLM's /tokenize, several requests in flight (vLLM takes one prompt per call).
+
+    ``requests`` (and ``neterrors``, which needs it) is imported here, not with the module:
+    an audit of pre-tokenized lines never pays for it."""
 
     def __init__(self, base_url: str, concurrency: int = 16, timeout: float = 30.0) -> None:
+        import requests
+
+        from prefixwatch.core import neterrors
+
         self.base = base_url.rstrip("/").removesuffix("/metrics")
         self.session = requests.Session()
         self.session.trust_env = False
@@ -102,7 +107,11 @@ class ServerTokenizer:
         if resp.status_code >= 400:
             raise AuditError(f"{self.base}/health answered HTTP {resp.status_code}")
 
-    def _one(self, req: LogRequest) -> list[int] | str:
+    def _one(self, req: LogRequest) -> Sequence[int] | str:
+        import requests
+
+        from prefixwatch.core import neterrors
+
         ids = _pretokenized(req)
         if ids is not None:
             return ids
@@ -125,11 +134,13 @@ class ServerTokenizer:
         tokens = resp.json().get("tokens")
         return tokens if isinstance(tokens, list) else "/tokenize returned no tokens"
 
-    def tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
+    def tokenize(self, batch: Sequence[LogRequest]) -> list[Sequence[int] | str]:
         return list(self.pool.map(self._one, batch))
 
     def decode(self, tokens: Sequence[int], strict: bool = False) -> str:
         """Text of the tokens; their ids joined when /detokenize fails (``strict``: raise)."""
+        import requests
+
         try:
             resp = self.session.post(f"{self.base}/detokenize", json={"tokens": list(tokens)},
                                      timeout=self.timeout)
@@ -144,6 +155,8 @@ class ServerTokenizer:
 
     def block_size(self) -> int | None:
         """The server's block size, from vllm:cache_config_info on its /metrics."""
+        import requests
+
         try:
             page = self.session.get(f"{self.base}/metrics", timeout=10).text
         except requests.RequestException:
@@ -153,6 +166,8 @@ class ServerTokenizer:
 
 def block_size_on_page(page: str) -> int | None:
     """The one block size that the page's cache_config_info series declare, else None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     sizes: set[int] = set()
     try:
         for family in text_string_to_metric_families(page):

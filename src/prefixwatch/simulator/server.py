@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -355,6 +356,14 @@ class _BoundedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:  # noqa: ANN001
+        """A client that left before its answer was written (a poller's deadline passed on
+        a loaded machine) is a debug line, not a traceback on stderr."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            log.debug("client %s left before its answer was written", client_address)
+            return
+        super().handle_error(request, client_address)
 
 
 class ReplicaServer:

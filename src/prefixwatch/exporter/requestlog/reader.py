@@ -106,9 +106,9 @@ class RequestsLogReader:
 
     # -- tokenizer -----------------------------------------------------------------------------
 
-    def _tokenize(self, batch: Sequence[LogRequest]) -> list[list[int] | str]:
+    def _tokenize(self, batch: Sequence[LogRequest]) -> list[Sequence[int] | str]:
         if all(r.token_ids is not None for r in batch):
-            return [list(r.token_ids or ()) for r in batch]
+            return [r.token_ids or () for r in batch]
         now = time.monotonic()
         if self._tokenizer is None and now >= self._tokenizer_retry_at:
             try:
@@ -126,14 +126,14 @@ class RequestsLogReader:
                 self._tokenizer_retry_at = now + RETRY_TOKENIZER_SECONDS
         if self._tokenizer is None:
             reason = f"no tokenizer: {self._tokenizer_error}"
-            return [list(r.token_ids) if r.token_ids is not None else reason for r in batch]
+            return [r.token_ids if r.token_ids is not None else reason for r in batch]
         try:
             return self._tokenizer.tokenize(batch)
         except AuditError as exc:  # the server went away mid-batch
             log.warning("requests log: tokenizer failed (%s); retrying later", exc)
             self._tokenizer, self._tokenizer_error = None, str(exc)
             self._tokenizer_retry_at = now + RETRY_TOKENIZER_SECONDS
-            return [list(r.token_ids) if r.token_ids is not None else f"tokenizer failed: {exc}"
+            return [r.token_ids if r.token_ids is not None else f"tokenizer failed: {exc}"
                     for r in batch]
 
     def _ensure_decoder(self) -> None:
@@ -152,11 +152,12 @@ class RequestsLogReader:
 
     # -- feeding -------------------------------------------------------------------------------
 
-    def feed_lines(self, lines: Sequence[str], where: str, first_number: int) -> None:
-        """Parse, tokenize and add a run of consecutive complete lines."""
+    def feed_lines(self, lines: Sequence[str | bytes], where: str, first_number: int) -> None:
+        """Parse, tokenize and add a run of consecutive complete lines (text, or the bytes
+        read: JSON lines are decoded from them directly)."""
         self._feed((f"{where}:{first_number + i}", line) for i, line in enumerate(lines))
 
-    def _feed(self, numbered: Iterable[tuple[str, str]]) -> None:
+    def _feed(self, numbered: Iterable[tuple[str, str | bytes]]) -> None:
         pending: list[LogRequest] = []
         for where, line in numbered:
             found = parse_line(line, where, self._joiner)
@@ -286,7 +287,7 @@ class RequestsLogReader:
         if start:
             fh.readline()  # a partial first line
         data = fh.read(size - fh.tell())
-        lines = data.decode("utf-8", errors="replace").splitlines()
+        lines = data.splitlines()
         if lines and not data.endswith(b"\n"):
             lines.pop()
             fh.seek(size - len(data.rsplit(b"\n", 1)[-1]))
@@ -319,8 +320,7 @@ class RequestsLogReader:
                 if len(raw) > MAX_LINE_BYTES:
                     self._skip(f"{where}:{self._line_no}", "line too long")
                     continue
-                numbered.append((f"{where}:{self._line_no}",
-                                 raw.decode("utf-8", errors="replace")))
+                numbered.append((f"{where}:{self._line_no}", raw))
             self._feed(numbered)
             if len(tail) > MAX_LINE_BYTES:
                 if not self._skipping_long:
@@ -330,7 +330,6 @@ class RequestsLogReader:
                 self._partial = tail
         if final and self._partial:
             self._line_no += 1
-            self._feed([(f"{where}:{self._line_no}",
-                         self._partial.decode("utf-8", errors="replace"))])
+            self._feed([(f"{where}:{self._line_no}", self._partial)])
             self._partial = b""
         return got

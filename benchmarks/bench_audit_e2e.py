@@ -1,0 +1,142 @@
+"""`prefixwatch audit` end to end, as a whole process, against the naive loop on the same log.
+
+The log: 4,000 pre-tokenized requests of about 2,500 tokens (JSONL lines with
+``prompt_token_ids``; bench_audit.workload's chat-like prompts with a longer user turn), written
+once before any timing. Each side is a process of its own, started the same way and timed from
+the start to the exit, so interpreter start, imports, reading and decoding the log count on
+both sides:
+
+- the naive loop: ``json.loads`` of each line into the list of prompts that the seed's loop
+  takes, then bench_audit.naive (chained tuple hashes per block, a set of seen hashes, a
+  token-by-token first divergence); it imports only the standard library. Also shown: the
+  same loop fed one line at a time (no prompt kept: less memory, less time);
+- ``prefixwatch audit LOG --format json --no-progress``, the console script;
+- ``python -m prefixwatch.audit.cli LOG ...``, the audit without the other sub-commands'
+  parsers (what the audit itself costs, whatever the `prefixwatch` wiring imports).
+
+Both sides must find the same cacheable and prompt tokens. Runs are interleaved and the best of
+each is compared (a shared machine only ever adds time). Target: 3x.
+
+Run: python benchmarks/bench_audit_e2e.py [--requests 4000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def write_log(path: Path, n: int, seed: int = 5) -> None:
+    """``n`` requests of 2,500 tokens: bench_audit.workload's 2,000-token system prompts
+    (a third with a timestamp near the top) and a 500-token user turn."""
+    sys.path.insert(0, str(HERE))
+    from bench_audit import workload
+
+    rng = random.Random(seed + 1)
+    with path.open("w") as fh:
+        for prompt in workload(n, seed):
+            prompt += [rng.randrange(256, 128000) for _ in range(100)]
+            fh.write(json.dumps({"prompt_token_ids": prompt}) + "\n")
+
+
+def naive_main(path: str, stream: bool) -> None:
+    """The naive side, in its own process: the standard library and bench_audit.naive only;
+    the log loaded into a list of prompts first (as the seed's loop takes them), or
+    ``stream``: one line at a time, no prompt kept."""
+    sys.path.insert(0, str(HERE))
+    from bench_audit import naive
+
+    with open(path) as fh:
+        prompts = (json.loads(line)["prompt_token_ids"] for line in fh)
+        cacheable, total = naive(prompts if stream else list(prompts))
+    print(json.dumps({"cacheable_tokens": cacheable, "prompt_tokens": total}))
+
+
+def timed(cmd: list[str]) -> tuple[float, dict]:
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
+    return elapsed, json.loads(done.stdout)
+
+
+def import_seconds(module: str, repeat: int) -> float:
+    """Best time of a process that only imports ``module``, less an empty interpreter's."""
+    def once(code: str) -> float:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        return time.perf_counter() - start
+    empty = min(once("pass") for _ in range(repeat))
+    return min(once(f"import {module}") for _ in range(repeat)) - empty
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=4000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--naive", metavar="LOG", help=argparse.SUPPRESS)  # the naive process
+    p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-direct", action="store_true",
+                   help="time only the console script (an older prefixwatch, through "
+                        "PYTHONPATH, has no python -m prefixwatch.audit.cli)")
+    args = p.parse_args()
+    if args.naive:
+        naive_main(args.naive, args.stream)
+        return
+    script = shutil.which("prefixwatch", path=os.path.dirname(sys.executable)) or shutil.which(
+        "prefixwatch")
+    if script is None:
+        raise SystemExit("no `prefixwatch` console script: pip install -e . first")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "requests.jsonl"
+        write_log(log, args.requests)
+        flags = [str(log), "--format", "json", "--no-progress"]
+        sides = {
+            "naive": [sys.executable, __file__, "--naive", str(log)],
+            "streaming": [sys.executable, __file__, "--naive", str(log), "--stream"],
+            "audit": [script, "audit", *flags],
+            "direct": [sys.executable, "-m", "prefixwatch.audit.cli", *flags],
+        }
+        if args.no_direct:
+            del sides["direct"]
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        answers: dict[str, set[tuple[int, int]]] = {name: set() for name in sides}
+        for _ in range(args.repeat):
+            for name, cmd in sides.items():
+                elapsed, out = timed(cmd)
+                times[name].append(elapsed)
+                answers[name].add((out["cacheable_tokens"], out["prompt_tokens"]))
+        size = log.stat().st_size
+    found = set().union(*answers.values())
+    assert len(found) == 1, answers  # every side and every run: the same tokens
+    cacheable, tokens = found.pop()
+    best = {name: min(ts) for name, ts in times.items()}
+    print(f"{args.requests} requests, {tokens:,} tokens, {size / 1e6:.0f} MB of JSONL, "
+          f"best of {args.repeat} runs each, whole processes")
+    print(f"achievable hit rate: {cacheable / tokens:.3f} (all agree)")
+    print(f"naive loop (json.loads + tuple hashes): {best['naive']:6.2f} s  (the baseline)")
+    print(f"  the same, one line at a time:         {best['streaming']:6.2f} s")
+    for name, label, note in (("audit", "prefixwatch audit", "target 3x"),
+                              ("direct", "python -m prefixwatch.audit.cli",
+                               "the audit without the other commands")):
+        if name not in best:
+            continue
+        print(f"{label + ':':40s}{best[name]:6.2f} s  {best['naive'] / best[name]:4.1f}x "
+              f"({note}; {best['streaming'] / best[name]:.1f}x the streaming loop)")
+    print(f"imports: prefixwatch.cli {import_seconds('prefixwatch.cli', args.repeat):.2f} s, "
+          f"prefixwatch.audit.cli {import_seconds('prefixwatch.audit.cli', args.repeat):.2f} s")
+
+
+if __name__ == "__main__":
+    main()
