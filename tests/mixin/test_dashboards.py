@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from prefixwatch.core import names, schemas
+from prefixwatch.core import families, names, schemas
 from prefixwatch.mixin import artifacts, dashboards, rules
 from tests.conftest import free_port, npm_packages, require_binary, wait_ready
 
@@ -156,6 +156,8 @@ def known_names() -> set[str]:
             known |= {metric.name, metric.name + "_total", metric.name + "_bucket"}
     for schema in schemas.SCHEMAS:
         known |= set(schema.sample_names())
+    for family in families.FAMILIES:
+        known |= {n for read in family.reads.values() for n in (read, read + "_bucket")}
     for tier_schema in schemas.TIER_SCHEMAS.values():
         known |= set(tier_schema.sample_names())
     for source in rules.SOURCES:

@@ -13,7 +13,7 @@ ALERT_OUTLIER = "PrefixCacheReplicaOutlier"
 ALERT_EVICTION = "PrefixCacheEvictionPressure"
 ALERT_ABSENT = "PrefixCacheMetricsAbsent"
 ALERT_WATCHDOG = "Watchdog"
-# Cache tiers (issue 13): a second tier that saves nothing, HBM outgrown, offload stores lost.
+# Cache tiers: a second tier that saves nothing, HBM outgrown, offload stores lost.
 ALERT_TIER_IDLE = "PrefixCacheTierIdle"
 ALERT_DEVICE_SHARE = "PrefixCacheDeviceShareLow"
 ALERT_OFFLOAD_FAILURES = "PrefixCacheOffloadFailures"
@@ -97,7 +97,7 @@ R_WAITING = "model_name_target:requests_waiting:max5m"
 R_SAVED_SHARE = "model_name:prefill_tokens_saved:ratio_rate5m"
 R_ACHIEVABLE = "model_name:prefix_cache_achievable_hit_ratio:max"
 R_MISSED = "model_name:prefill_tokens_achievable_missed:rate5m"
-# The hit-rate ledger (issue 14, the exporter with a request log): prompt tokens per second by
+# The hit-rate ledger (the exporter with a request log): prompt tokens per second by
 # part (achieved, novel, layout, routing, eviction, unexplained), and their shares of the
 # prompt tokens, which sum to 1 per model.
 R_LEDGER_TOKENS = "model_name:prefill_tokens_by_part:rate5m"

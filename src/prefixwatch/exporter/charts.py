@@ -8,9 +8,6 @@ their formatted points; a render only computes the newest, partial bin (and, whe
 moves on, the bin that just completed). The fleet's chart is the sum of its targets' bin
 deltas (sum of hits over sum of queries, never a mean of ratios). Every label value is escaped;
 nothing is fetched from outside.
-
-Why it is over 400 lines: the cached fixed-grid renderer and the uncached reference it is
-tested against live side by side so that they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from prefixwatch.core.windows import SeriesHistory
+from prefixwatch.core.windows import SeriesHistory, histogram_quantile, ratio
 
 if TYPE_CHECKING:
     from prefixwatch.exporter.service import Exporter
@@ -68,7 +65,7 @@ class Binned:
                                                other.ttft_bounds)
 
     def ratios(self) -> list[float | None]:
-        return [h / q if q > 0 else None for q, h in self.rows[:, :2].tolist()]
+        return [_ratio(row) for row in self.rows[:, :2].tolist()]
 
     def ttft_p50(self) -> list[float | None] | None:
         if self.ttft_bounds is None:
@@ -91,26 +88,13 @@ def _combine(rows: np.ndarray, bounds: Bounds | None, other: np.ndarray,
 
 
 def _median(bounds: Bounds, row: Sequence[float]) -> float | None:
-    """Prometheus' histogram_quantile(0.5) on one row of cumulative bucket deltas (None when
-    empty): plain Python, far cheaper than numpy for one row."""
-    total = row[-1]
-    if not total > 0:
-        return None
-    rank = 0.5 * total
-    idx = next((i for i, c in enumerate(row) if c >= rank), 0)
-    lower = bounds[idx - 1] if idx > 0 else 0.0
-    below = row[idx - 1] if idx > 0 else 0.0
-    upper = bounds[idx]
-    if math.isinf(upper):
-        value = lower
-    else:
-        inside = row[idx] - below
-        value = lower + (upper - lower) * (rank - below) / inside if inside > 0 else upper
-    return None if math.isnan(value) else value
+    """TTFT p50 of one row of cumulative bucket deltas (core/windows.py, as everywhere)."""
+    return histogram_quantile(0.5, bounds, row)
 
 
 def _ratio(row: Sequence[float]) -> float | None:
-    return row[1] / row[0] if row[0] > 0 else None
+    """Hits over queries of one row (core/windows.py: clamped, None without queries)."""
+    return ratio(row[1], row[0])
 
 
 # -- the grid -----------------------------------------------------------------------------------
@@ -418,9 +402,9 @@ class _Cached:
         rows[:done] = self.rows
         rows[done] = tail
         gap = [None] * (BINS - done - 1)
-        ratio = _ratio(tail)
-        ratios = [*self.ratios, ratio, *gap]
-        ratio_runs = _with_point(self.ratio_runs, self.ratio_open, done, ratio, 1.0)
+        newest = _ratio(tail)
+        ratios = [*self.ratios, newest, *gap]
+        ratio_runs = _with_point(self.ratio_runs, self.ratio_open, done, newest, 1.0)
         peak, p50_runs = None, []
         if self.bounds is not None:
             p50 = _median(self.bounds, tail[2:])

@@ -22,14 +22,15 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from prefixwatch.core import causes, names, tiers
+from prefixwatch.core import causes, families, names, tiers
 from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
 from prefixwatch.core.ledger import ratios as ledger_ratios
 from prefixwatch.core.names import OutMetric
+from prefixwatch.core.schemas import SourceSchema
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
 from prefixwatch.exporter.monitor import TargetMonitor
-from prefixwatch.exporter.pagereader import TIER_ROLES
+from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
 
 
@@ -62,17 +63,22 @@ def _family(metric: OutMetric) -> Metric:
     return GaugeMetricFamily(metric.name, metric.help, labels=names)
 
 
-_COUNTERS = (
-    ("queries", names.OUT_QUERIES), ("hits", names.OUT_HITS),
-    ("ext_queries", names.OUT_EXT_QUERIES), ("ext_hits", names.OUT_EXT_HITS),
-    ("prompt_tokens", names.OUT_PROMPT_TOKENS),
-    ("preemptions", names.OUT_PREEMPTIONS),
-)
-_GAUGES = (
-    ("kv_usage", names.OUT_KV_USAGE), ("running", names.OUT_RUNNING),
-    ("waiting", names.OUT_WAITING),
-)
-_HISTOGRAMS = (("ttft", names.OUT_TTFT), ("prompt_len", names.OUT_PROMPT_LEN))
+def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
+                ) -> list[tuple[list[str], float | Histogram, float | None]]:
+    """(extra label values, value, created) of one family-table row for one series: nothing
+    when the page does not have it."""
+    if row.extra == names.L_TIER:
+        if not all(role in values.counters for role in TIER_ROLES.values()):
+            return []
+        created = values.created.get("hits")
+        return [([tier], values.counters[TIER_ROLES[tier]], created) for tier in tiers.TIERS]
+    found: float | Histogram | None = (values.counters if row.kind == "counter" else
+                                       values.gauges if row.kind == "gauge" else
+                                       values.histograms).get(row.role)
+    if found is None:
+        return []
+    extra = [schema.read(row.role) or ""] if row.extra == names.L_SOURCE else []
+    return [(extra, found, values.created.get(row.role))]
 
 
 class PrefixwatchCollector(Collector):
@@ -215,33 +221,21 @@ class PrefixwatchCollector(Collector):
         for (model, engine), state in sorted(mon.series.items()):
             labels = [t, model, engine, server]
             values = state.values
-            for role, metric in _COUNTERS:
-                if role in values.counters:
-                    family(metric).add_metric(labels, values.counters[role],
-                                              created=values.created.get(role))
-            if all(role in values.counters for role in TIER_ROLES.values()):
-                cached = family(names.OUT_PROMPT_TOKENS_CACHED_BY_TIER)
-                for tier in tiers.TIERS:
-                    cached.add_metric(labels + [tier], values.counters[TIER_ROLES[tier]],
-                                      created=values.created.get("hits"))
-            for role, metric in _GAUGES:
-                if role in values.gauges:
-                    family(metric).add_metric(labels, values.gauges[role])
-            for role, metric in _HISTOGRAMS:
-                hist = values.histograms.get(role)
-                if hist is not None:
-                    buckets = [(floatToGoString(b), c)
-                               for b, c in zip(hist.bounds, hist.counts, strict=True)]
-                    family(metric).add_metric(labels, buckets, hist.sum)
+            for row in families.FAMILIES:
+                for extra, value, created in row_samples(row, values, snap.schema):
+                    if isinstance(value, Histogram):
+                        buckets = [(floatToGoString(b), c)
+                                   for b, c in zip(value.bounds, value.counts, strict=True)]
+                        family(row.out).add_metric(labels, buckets, value.sum)
+                    elif row.kind == "counter":
+                        family(row.out).add_metric(labels + extra, value, created=created)
+                    else:
+                        family(row.out).add_metric(labels + extra, value)
             if values.block_size is not None:
                 family(names.OUT_BLOCK_SIZE).add_metric(labels, float(values.block_size))
             if values.caching_enabled is not None:
                 family(names.OUT_CACHING_ENABLED).add_metric(
                     labels, 1.0 if values.caching_enabled else 0.0)
-            reported = values.gauges.get("engine_reported_hit_ratio")
-            if reported is not None and snap.schema.engine_reported_hit_ratio:
-                family(names.OUT_ENGINE_REPORTED).add_metric(
-                    labels + [snap.schema.engine_reported_hit_ratio], reported)
 
         for model, figures in sorted(mon.models.items()):
             base = [t, model, server]

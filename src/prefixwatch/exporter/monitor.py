@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names, tiers
+from prefixwatch.core import families, names, tiers
 from prefixwatch.core.diagnosis import TargetEvidence
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import (
@@ -47,10 +47,10 @@ from prefixwatch.exporter.scrape import Fetcher
 
 log = logging.getLogger("prefixwatch.exporter")
 
-COUNTER_ROLES: tuple[str, ...] = ("queries", "hits", "ext_queries", "ext_hits",
-                                  "prompt_tokens", "prompt_tokens_cached", "preemptions",
-                                  *TIER_ROLES.values(), TIER_STORES)
-HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len", "kv_idle_evict")
+#: The history keeps every counter role of the family table, each tier's cached tokens and the
+#: second tier's stores, then the histograms' buckets.
+COUNTER_ROLES: tuple[str, ...] = (*families.roles("counter"), *TIER_ROLES.values(), TIER_STORES)
+HISTOGRAM_ROLES: tuple[str, ...] = families.roles("histogram")
 
 
 @dataclass

@@ -1,12 +1,10 @@
 """Read an engine's /metrics page into the few numbers prefixwatch needs.
 
-A vLLM page holds about 90 families; prefixwatch reads about a dozen. Parsing the whole page
-with client_python costs ~9 ms, so the page is first cut down to the lines of the wanted
-families (a cheap string scan), and only those lines go through client_python's parser. The
-parser itself is never re-implemented here.
-
-Why it is over 400 lines: the selective parser, its limits (series, models, buckets, label
-length) and the tier reading are one pass over the page, kept together for speed.
+A vLLM page holds about 90 families; prefixwatch reads about a dozen (core/families.py).
+Parsing the whole page with client_python costs ~9 ms, so the page is first cut down to the
+lines of the wanted samples (a string scan). Each kept line is split here into name, label
+block and value; label blocks go through client_python's parser, memoised per block, so
+label escaping is never re-implemented.
 """
 
 from __future__ import annotations
@@ -212,7 +210,7 @@ def _family_names(sample_names: frozenset[str]) -> frozenset[str]:
 
 def _tier_schema(schema: SourceSchema) -> TierSchema | None:
     """The tier families of a schema that can have them (windows need counters)."""
-    if not schema.windows_supported or schema.queries is None:
+    if not schema.windows_supported or schema.read("queries") is None:
         return None
     return schemas.TIER_SCHEMAS.get(schema.server)
 
@@ -319,14 +317,14 @@ def _role_tables(schema: SourceSchema) -> tuple[dict[str, list[tuple[str, str]]]
     """Sample name -> roles it plays, and histogram sample name -> role, for one schema."""
     # One sample may play several roles (SGLang's prompt tokens are also its cache queries).
     roles_by_sample: dict[str, list[tuple[str, str]]] = {}
-    for role, name in schema.counter_roles().items():
+    for role, name in schema.roles("counter").items():
         roles_by_sample.setdefault(name, []).append(("counter", role))
         created = name.removesuffix("_total") + "_created"
         roles_by_sample.setdefault(created, []).append(("created", role))
-    for role, name in schema.gauge_roles().items():
+    for role, name in schema.roles("gauge").items():
         roles_by_sample.setdefault(name, []).append(("gauge", role))
     hist_roles: dict[str, str] = {}
-    for role, name in schema.histogram_roles().items():
+    for role, name in schema.roles("histogram").items():
         for suffix in ("_bucket", "_sum", "_count"):
             hist_roles[name + suffix] = role
     return roles_by_sample, hist_roles

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prefixwatch.core import causes, schemas, tiers
 from prefixwatch.core.diagnosis import diagnose
 from prefixwatch.core.ledger import table as ledger_table
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
@@ -78,9 +78,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
             blocks = [s.values.block_size for s in states if s.values.block_size]
             enabled = [s.values.caching_enabled for s in states
                        if s.values.caching_enabled is not None]
-            lifetime = None
-            if figures.lifetime_queries > 0:
-                lifetime = figures.lifetime_hits / figures.lifetime_queries
+            lifetime = ratio(figures.lifetime_hits, figures.lifetime_queries)
             if lifetime is None and not schema.windows_supported:
                 reported = [s.values.gauges.get("engine_reported_hit_ratio") for s in states]
                 lifetime = next((r for r in reported if r is not None), None)

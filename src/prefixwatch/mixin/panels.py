@@ -125,9 +125,9 @@ class Panels:
 
     def ttft_now(self, w: int = 6, h: int = 5) -> None:
         quantiles = (("0.5", "50", "A"), ("0.95", "95", "B"))
-        assert self.s.ttft_bucket
+        assert self.s.ttft
         if self.one:
-            targets = [self.target(self.quantile(q, self.s.ttft_bucket),
+            targets = [self.target(self.quantile(q, self.s.ttft),
                                    f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
         else:
             targets = [self.target(self.recorded(R_TTFT, f'quantile="{q}"'),
@@ -173,7 +173,7 @@ class Panels:
             thresholds=self.hit_thresholds()), w, h)
 
     def hit_rate_vs_ttft(self, w: int = 12, h: int = 8) -> None:
-        assert self.s.ttft_bucket
+        assert self.s.ttft
         overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
                       "properties": [{"id": "custom.axisPlacement", "value": "right"},
                                      {"id": "unit", "value": "s"},
@@ -185,9 +185,9 @@ class Panels:
                         "rate moves and TTFT does not, the cache or the routing is "
                         "misconfigured.",
             targets=[self.target(self.ratio("model_name"), "hit rate {{model_name}}", "A"),
-                     self.target(self.quantile("0.5", self.s.ttft_bucket),
+                     self.target(self.quantile("0.5", self.s.ttft),
                                  "TTFT p50 {{model_name}}", "B"),
-                     self.target(self.quantile("0.95", self.s.ttft_bucket),
+                     self.target(self.quantile("0.95", self.s.ttft),
                                  "TTFT p95 {{model_name}}", "C")],
             unit="percentunit", valueMin=0, overrides=overrides), w, h)
 
@@ -271,7 +271,7 @@ class Panels:
             unit="percentunit", valueMin=0, overrides=overrides), w, h)
 
     def prompt_length(self, w: int = 12, h: int = 8) -> None:
-        if not self.s.prompt_len_bucket:
+        if not self.s.prompt_len:
             return
         unit = (f"one page ({self.cfg.page_size} tokens)" if self.s.engine == "sglang"
                 else f"one block ({self.cfg.block_size} tokens)")
@@ -280,9 +280,9 @@ class Panels:
             description=f"Prompt tokens per request. Prompts under {unit} can never hit; a "
                         "p99 far above the p50 means prompts share little, so the cache cannot "
                         "help much.",
-            targets=[self.target(self.quantile("0.5", self.s.prompt_len_bucket),
+            targets=[self.target(self.quantile("0.5", self.s.prompt_len),
                                  "p50 {{model_name}}", "A"),
-                     self.target(self.quantile("0.99", self.s.prompt_len_bucket),
+                     self.target(self.quantile("0.99", self.s.prompt_len),
                                  "p99 {{model_name}}", "B")],
             unit="short"), w, h)
 
@@ -347,7 +347,7 @@ class Panels:
 
     def where_misses_go(self, w: int = 12, h: int = 8) -> None:
         """The ledger's shares per model as bars, TTFT beside them on the right axis."""
-        assert self.s.ttft_bucket
+        assert self.s.ttft
         missed = self.recorded(R_LEDGER_SHARE, 'part!="achieved"')
         overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
                       "properties": [{"id": "custom.axisPlacement", "value": "right"},

@@ -83,9 +83,9 @@ class Recording(Exprs):
         cold = self.w(self.cfg.cold_start)
         rec(R_RESETS, self.by_model(f"resets({self.sel(s.queries)}[{cold}])", op="max"))
         for name, bucket, quantiles, per_target in (
-                (R_TTFT, s.ttft_bucket, ("0.5", "0.95", "0.99"), False),
-                (R_TTFT_TARGET, s.ttft_bucket, ("0.5", "0.95"), True),
-                (R_PROMPT_LEN, s.prompt_len_bucket, ("0.5", "0.99"), False)):
+                (R_TTFT, s.ttft, ("0.5", "0.95", "0.99"), False),
+                (R_TTFT_TARGET, s.ttft, ("0.5", "0.95"), True),
+                (R_PROMPT_LEN, s.prompt_len, ("0.5", "0.99"), False)):
             if bucket is None:
                 continue
             rate = f"rate({self.sel(bucket)}[{self.w('5m')}])"
