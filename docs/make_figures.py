@@ -63,7 +63,8 @@ def main() -> int:
             stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 60, "the recovery")
             time.sleep(20)
             written = write_report(stack.prom_url, Path(tmp) / "report",
-                                   Request(started, time.time(), 0.7))
+                                   Request(started, time.time(), 0.7,
+                                           time_scale=stack.time_scale))
             shutil.copy(written.directory / "figure1-hit-ratio-ttft.png",
                         OUT / "report-figure1.png")
             screenshot(chromium, stack.exporter_url, OUT / "landing-page.png")

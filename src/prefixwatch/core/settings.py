@@ -29,6 +29,11 @@ HIT_RATIO_EFFECTIVE = "effective"
 HIT_RATIO_DEVICE = "device"
 HIT_RATIO_MODES: tuple[str, ...] = (HIT_RATIO_EFFECTIVE, HIT_RATIO_DEVICE)
 DEFAULT_HIT_RATIO_MODE = HIT_RATIO_EFFECTIVE
+#: PrefixCacheHitRateLow (critical) judges two windows, both below the threshold for ``for``;
+#: the report plots the short one, the value the page carries.
+CRITICAL_SHORT_WINDOW = "2m"
+CRITICAL_LONG_WINDOW = "5m"
+CRITICAL_FOR = "1m"
 THRESHOLD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DiagnosisThresholds))
 DIAGNOSIS_KEYS = frozenset({"window", "cold_start", *THRESHOLD_FIELDS})
 #: Thresholds that are shares: in (0, 1].

@@ -199,20 +199,21 @@ def run_demo(args: argparse.Namespace) -> int:
         wait_for_signal(duration)
         interrupted = duration is None or time.monotonic() - began_mono < duration - 0.5
         if backends is not None and (interrupted or args.report_on_exit):
-            _write_report(backends.prometheus_url, began)
+            _write_report(backends.prometheus_url, began, args.time_scale)
     log.info("demo stopped")
     return 0
 
 
-def _write_report(prometheus: str, began: float) -> None:
-    """The run's incident report (issue 15), before Prometheus stops; never fails the exit."""
+def _write_report(prometheus: str, began: float, time_scale: float) -> None:
+    """The run's incident report, on the rules' clock, before Prometheus stops; never fails
+    the exit."""
     from prefixwatch.core.errors import PrefixwatchError
     from prefixwatch.report import Request, write_report
 
     out = Path.cwd() / time.strftime("prefixwatch-report-%Y%m%d-%H%M%S")
     try:
         written = write_report(prometheus, out, Request(
-            began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD))
+            began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
     except PrefixwatchError as exc:
         log.warning("no incident report: %s", exc)
         return

@@ -68,9 +68,9 @@ class MixinConfig:
     windows: tuple[str, ...] = rulenames.RATIO_WINDOWS
     #: PrefixCacheHitRateLow (critical): both windows below the threshold for ``critical_for``.
     #: The long window ignores a short dip; the short one ends the page soon after recovery.
-    critical_short_window: str = "2m"
-    critical_long_window: str = "5m"
-    critical_for: str = "1m"
+    critical_short_window: str = settings.CRITICAL_SHORT_WINDOW
+    critical_long_window: str = settings.CRITICAL_LONG_WINDOW
+    critical_for: str = settings.CRITICAL_FOR
     #: Prompt tokens per second (per model) below which no hit-rate alert fires.
     min_query_tokens_per_second: float = 100.0
     #: A model whose counters reset within this long is warming up: no hit-rate alert.
