@@ -49,7 +49,7 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     ("- just\n- a list\n", "must hold a mapping"),
     ("targetz: []\n", "unknown key 'targetz'"),
     ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
-    ("diagnosis: {kv_usage_full: 1.5}\n", "kv_usage_full must be in (0, 1]"),
+    ("kv_usage_high: 1.5\n", "kv_usage_high must be in (0, 1]"),
     ("diagnosis: {min_requests: many}\n", "diagnosis:"),
     ("requests_log: {follow: true}\n", "needs a path"),
     ("targets:\n  - {name: x}\n", "needs a url"),

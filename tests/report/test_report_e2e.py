@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from prefixwatch.cli import main
-from prefixwatch.mixin import rules
+from prefixwatch.core import rulenames
 from prefixwatch.report import Request, Written, write_report
 from tests import browser
 from tests.conftest import require_binary
@@ -33,7 +33,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
     try:
         time.sleep(25)
         stack.switch("timestamp-at-top")
-        stack.wait_for(lambda: rules.ALERT_LOW in stack.firing_seen, 60, "the page")
+        stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 60, "the page")
         time.sleep(5)
         stack.switch("static-system-prompt")
         stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 30, "the recovery")
@@ -50,10 +50,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
 @pytest.mark.integration
 def test_first_firing_within_one_evaluation(run) -> None:
     stack, written, _ = run
-    low = [a for a in written.data.alerts if a.name == rules.ALERT_LOW]
+    low = [a for a in written.data.alerts if a.name == rulenames.ALERT_LOW]
     assert low, written.data.alerts
     assert low[0].severity == "critical"
-    assert abs(low[0].interval.start - stack.firing_seen[rules.ALERT_LOW]) <= EVALUATION
+    assert abs(low[0].interval.start - stack.firing_seen[rulenames.ALERT_LOW]) <= EVALUATION
     assert not low[-1].interval.open, "resolved after the rollback"
     assert low[0].active_since is not None and low[0].active_since < low[0].interval.start
 
@@ -81,7 +81,7 @@ def test_writes_html_markdown_and_figures(run) -> None:
                      "figure2-tiers.png", "figure2-tiers.svg"]
     assert written.figures[0].read_bytes().startswith(b"\x89PNG")
     md = written.markdown.read_text()
-    for needle in ("## Timeline", f"{rules.ALERT_LOW} (critical) firing", "resolved",
+    for needle in ("## Timeline", f"{rulenames.ALERT_LOW} (critical) firing", "resolved",
                    "recovered", "| hit ratio, fleet (device) |", "TTFT p95",
                    "recomputed because of the incident", "not available"):
         assert needle in md, needle

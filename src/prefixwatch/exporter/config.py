@@ -128,6 +128,7 @@ _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
              "target_defaults", "requests_log", "web_config_file",
              settings.DIAGNOSIS_KEY, settings.THRESHOLD_KEY, settings.COLD_START_KEY,
+             settings.KV_USAGE_KEY,
              settings.HIT_RATIO_KEY}
 _REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
 

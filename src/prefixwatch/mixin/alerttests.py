@@ -31,12 +31,11 @@ from prefixwatch.core.rulenames import (
     ALERT_TIER_IDLE,
     ALERT_WATCHDOG,
     MODEL_TIER,
-    R_BASELINE,
     R_LEDGER_SHARE,
     R_MISSED,
-    R_OFFLOAD_FAILED,
     R_SAVED_SHARE,
     r_effective,
+    r_offload_failed,
     r_ratio,
     r_tier_tokens,
 )
@@ -445,8 +444,9 @@ class Cases:
             {"expr": r_ratio("model_name", "1h"), "eval_time": "150m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "1h")}{{model_name="{MODEL}"}}',
                               "value": 0.8}]},
-            {"expr": R_BASELINE, "eval_time": "190m",
-             "exp_samples": [{"labels": f'{R_BASELINE}{{model_name="{MODEL}"}}', "value": 0.8}]},
+            {"expr": cfg.baseline(), "eval_time": "190m",
+             "exp_samples": [{"labels": f'{cfg.baseline()}{{model_name="{MODEL}"}}',
+                              "value": 0.8}]},
             {"expr": r_ratio("model_name_target", "5m") + '{target="vllm-1:8000"}',
              "eval_time": "60m",
              "exp_samples": [{"labels": f'{r_ratio("model_name_target", "5m")}'
@@ -552,8 +552,9 @@ class Cases:
                 self.at(ALERT_OFFLOAD_FAILURES, 10, []),
                 self.at(ALERT_OFFLOAD_FAILURES, 40, [self.expect(
                     ALERT_OFFLOAD_FAILURES, "warning", {**m, "target": "vllm-0:8000"}, 0.3)])],
-                [{"expr": R_OFFLOAD_FAILED, "eval_time": "30m",
-                  "exp_samples": [{"labels": f'{R_OFFLOAD_FAILED}{{model_name="{MODEL}",'
+                [{"expr": r_offload_failed(self.cfg.warning_window), "eval_time": "30m",
+                  "exp_samples": [{"labels": f'{r_offload_failed(self.cfg.warning_window)}'
+                                             f'{{model_name="{MODEL}",'
                                              f'target="vllm-0:8000"}}', "value": 0.3}]}])
 
     def document(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from prefixwatch.core import names, rulenames, settings
-from prefixwatch.core.causes import COLD_START
+from prefixwatch.core.causes import COLD_START, DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.settings import DiagnosisSettings
 from prefixwatch.core.windows import parse_duration
@@ -63,21 +63,36 @@ class MixinConfig:
     #: cache tier) or ``device`` (the engine's own KV pool); core.settings parses the key.
     hit_ratio: str = settings.DEFAULT_HIT_RATIO_MODE
     models: Mapping[str, ModelOverride] = field(default_factory=dict)
-    #: Windows of the recorded fleet hit ratios (must hold the alerts' 5m and 15m; the
-    #: critical path's windows are recorded whatever this says).
+    #: Windows of the recorded fleet hit ratios (the alerts' windows and the dashboards' 5m
+    #: are recorded whatever this says).
     windows: tuple[str, ...] = rulenames.RATIO_WINDOWS
     #: PrefixCacheHitRateLow (critical): both windows below the threshold for ``critical_for``.
     #: The long window ignores a short dip; the short one ends the page soon after recovery.
     critical_short_window: str = settings.CRITICAL_SHORT_WINDOW
     critical_long_window: str = settings.CRITICAL_LONG_WINDOW
     critical_for: str = settings.CRITICAL_FOR
+    #: The warning-level alerts (PrefixCacheHitRateLow warning, Regression, ReplicaOutlier,
+    #: TierIdle, DeviceShareLow, OffloadFailures) judge this window, recorded per model and per
+    #: replica; a drift must last ``warning_for`` to open a ticket.
+    warning_window: str = "15m"
+    warning_for: str = "15m"
+    #: PrefixCacheHitRateRegression: how long the drop against the baseline must hold; the
+    #: baseline is the ratio over ``baseline_window`` ending ``baseline_offset`` ago.
+    regression_for: str = "10m"
+    baseline_window: str = "2h"
+    baseline_offset: str = "1h"
+    #: PrefixCacheEvictionPressure: how long a full pool with preemptions must last.
+    eviction_for: str = "10m"
+    #: PrefixCacheTierIdle and PrefixCacheDeviceShareLow: how long before a ticket.
+    tier_for: str = "30m"
     #: Prompt tokens per second (per model) below which no hit-rate alert fires.
     min_query_tokens_per_second: float = 100.0
     #: A model whose counters reset within this long is warming up: no hit-rate alert.
     cold_start: str = COLD_START
     regression_drop: float = 0.15
     outlier_gap: float = 0.25
-    kv_usage_high: float = 0.90
+    #: PrefixCacheEvictionPressure and the diagnosis' eviction_pressure: KV usage above this.
+    kv_usage_high: float = DiagnosisThresholds.kv_usage_high
     #: PrefixCacheOffloadFailures: this share of the offload connector's stores lost.
     offload_failure_share: float = 0.10
     runbook_url_pattern: str = rulenames.DEFAULT_RUNBOOK_URL_PATTERN
@@ -95,19 +110,19 @@ class MixinConfig:
     # -- derived -----------------------------------------------------------------------------
 
     @property
-    def threshold(self) -> float:
-        """Alias of hit_ratio_threshold (the key's name before the one config)."""
-        return self.hit_ratio_threshold
-
-    @property
     def critical_windows(self) -> tuple[str, str]:
         return (self.critical_short_window, self.critical_long_window)
 
     @property
     def recorded_windows(self) -> tuple[str, ...]:
-        """The fleet ratio windows to record: ``windows`` plus the critical path's, by length."""
-        extra = [w for w in self.critical_windows if w not in self.windows]
-        return tuple(sorted((*self.windows, *extra), key=parse_duration))
+        """The fleet ratio windows to record: ``windows`` plus the alerts' and the
+        dashboards', by length."""
+        return _by_length({*self.windows, *self.critical_windows, *self.target_windows})
+
+    @property
+    def target_windows(self) -> tuple[str, ...]:
+        """The per-replica ratio windows to record: the dashboards' and the warnings'."""
+        return _by_length({rulenames.REPLICA_WINDOW, self.warning_window})
 
     @property
     def selector(self) -> str:
@@ -125,6 +140,7 @@ class MixinConfig:
             {settings.THRESHOLD_KEY: self.hit_ratio_threshold,
              settings.HIT_RATIO_KEY: self.hit_ratio,
              settings.COLD_START_KEY: self.cold_start,
+             settings.KV_USAGE_KEY: self.kv_usage_high,
              settings.DIAGNOSIS_KEY: dict(self.diagnosis_overrides)}, "mixin config")
 
     def runbook(self, anchor: str) -> str:
@@ -136,11 +152,19 @@ class MixinConfig:
         """The runbook page itself, for dashboard links."""
         return self.runbook_url_pattern.replace("#{anchor}", "").replace("{anchor}", "")
 
+    def baseline(self, effective: bool = False) -> str:
+        """The recorded baseline ratio a regression is judged against."""
+        return rulenames.r_baseline(self.baseline_window, self.baseline_offset, effective)
+
     def scaled(self, duration: str) -> str:
         return prom_duration(parse_duration(duration) * self.time_scale)
 
     def with_changes(self, **changes: Any) -> MixinConfig:
         return replace(self, **changes)
+
+
+def _by_length(windows: set[str]) -> tuple[str, ...]:
+    return tuple(sorted(windows, key=parse_duration))
 
 
 def prom_duration(seconds: float) -> str:
@@ -272,12 +296,7 @@ def _models(section: Any, where: _Where) -> dict[str, ModelOverride]:
 def _windows(value: Any, where: _Where) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(f"{where('windows')}: windows is a list of durations")
-    out = tuple(settings.check_duration("windows", str(w), where("windows")) for w in value)
-    missing = [w for w in rulenames.ALERT_RATIO_WINDOWS if w not in out]
-    if missing:
-        raise ConfigError(f"{where('windows')}: windows must keep {', '.join(missing)} "
-                          "(the alerts read them)")
-    return out
+    return tuple(settings.check_duration("windows", str(w), where("windows")) for w in value)
 
 
 def _dashboards(value: Any, where: _Where) -> DashboardSettings:
@@ -296,7 +315,9 @@ def _check(cfg: MixinConfig, where: _Where) -> None:
             else name
         settings.check_share(name, getattr(cfg, name), where(key))
     for name in ("cold_start", "evaluation_interval", "critical_short_window",
-                 "critical_long_window", "critical_for"):
+                 "critical_long_window", "critical_for", "warning_window", "warning_for",
+                 "regression_for", "baseline_window", "baseline_offset", "eviction_for",
+                 "tier_for"):
         settings.check_duration(name, getattr(cfg, name), where(name))
     if parse_duration(cfg.critical_short_window) >= parse_duration(cfg.critical_long_window):
         raise ConfigError(f"{where('critical_short_window')}: critical_short_window must be "

@@ -21,7 +21,7 @@ from prefixwatch.core.rulenames import (
     MODEL_TIER,
     R_LEDGER_SHARE,
     R_TTFT,
-    TARGET_WINDOWS,
+    REPLICA_WINDOW,
     r_cached,
     r_effective,
     r_hits,
@@ -51,8 +51,6 @@ L_PART = names.L_PART
 L_TIER = names.L_TIER
 TTFT_QUANTILES = (0.5, 0.95)
 MAX_POINTS_PER_SERIES = 720
-#: Per-replica ratios are recorded over this window only.
-REPLICA_WINDOW = TARGET_WINDOWS[0]
 
 
 @dataclass(frozen=True)
