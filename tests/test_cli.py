@@ -47,14 +47,18 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
 @pytest.mark.parametrize("content,message", [
     ("targets: [", "not valid YAML"),
     ("- just\n- a list\n", "must hold a mapping"),
-    ("targetz: []\n", "unknown key 'targetz'"),
-    ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
+    ("targetz: []\n", "cfg.yml:1:1: unknown key 'targetz' (did you mean 'targets'?)"),
+    ("diagnosis: {windw: 5m}\n", "cfg.yml:1:13: unknown key 'diagnosis.windw' (did you mean "
+                                 "'window'?)"),
     ("kv_usage_high: 1.5\n", "kv_usage_high must be in (0, 1]"),
     ("diagnosis: {min_requests: many}\n", "diagnosis:"),
     ("requests_log: {follow: true}\n", "needs a path"),
     ("targets:\n  - {name: x}\n", "needs a url"),
     ("targets:\n  - {url: 'http://a:1/metrics', timeout: -1}\n", "must be positive"),
-    ("targets:\n  - {url: 'http://a:1/metrics', colour: red}\n", "unknown target key"),
+    ("targets:\n  - {url: 'http://a:1/metrics', colour: red}\n",
+     "cfg.yml:2:33: unknown key 'targets.0.colour'"),
+    ("targets:\n  - {url: 'http://a:1/metrics', timeot: 2}\n", "(did you mean 'timeout'?)"),
+    ("targets:\n  - {name: x}\n", "cfg.yml:2:5: each target needs a url"),
     ("targets:\n  - {url: 'http://a:1/m', name: x}\n  - {url: 'http://b:1/m', name: x}\n",
      "share the name"),
 ])

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from prefixwatch.core import rulenames
-from prefixwatch.mixin import alertmanager, alerttests, rules, sources
+from prefixwatch.mixin import alertmanager, alerttests, promtoolinput, rules, sources
 from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin.rules_cli import write_all
 from tests.conftest import require_binary
@@ -103,7 +103,7 @@ def test_per_model_thresholds_opt_outs_and_selector(promtool: str, tmp_path: Pat
     cases = alerttests.Cases("vllm", cfg, "r.yml")
 
     def traffic(model: str, ratio: float, job: str = "vllm") -> list[dict[str, str]]:
-        series = cases.traffic([alerttests.Phase(40, 1000, ratio)], target=f"{model}:8000")
+        series = cases.traffic([promtoolinput.Phase(40, 1000, ratio)], target=f"{model}:8000")
         for s in series:
             s["series"] = s["series"].replace(alerttests.MODEL, model).replace(
                 'job="vllm"', f'job="{job}"')
@@ -153,18 +153,18 @@ def test_alertmanager_config_and_routes(amtool: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content,message", [
-    ("threshold: 1.5\n", ":1:1: hit_ratio_threshold must be between 0 and 1"),
+    ("threshold: 0.5\n", ":1:1: unknown key 'threshold' (did you mean 'hit_ratio_threshold'?)"),
     ("hit_ratio_threshold: 0\n", "c.yml:1:1: hit_ratio_threshold must be between 0 and 1"),
     ("tresholds: 0.5\n", "unknown key 'tresholds'"),
-    ("models: {m: {threshold: 0.5, page: false}}\n", "threshold: and/or disabled:"),
+    ("models: {m: {threshold: 0.5, page: false}}\n", "c.yml:1:30: unknown key 'models.m.page'"),
     ("models:\n  m: {threshold: 2}\n", "c.yml:2:3: models.m.threshold must be between"),
     ("cold_start: soon\n", "not a duration"),
-    ("selector: 'job=vllm'\n", "must look like"),
     ("selectors:\n  matchers: 'job=vllm'\n", "c.yml:2:3: matchers"),
     ("cluster_label: model_name\n", "cluster_label must be a label name"),
     ("warning_window: soon\n", "c.yml:1:1: warning_window: not a duration"),
     ("diagnosis: {evict_idle_seconds: -1}\n", "c.yml:1:1: diagnosis: min_requests >= 1"),
-    ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
+    ("diagnosis: {windw: 5m}\n", "c.yml:1:13: unknown key 'diagnosis.windw' (did you mean "
+                                 "'window'?)"),
     ("runbook_url_pattern: https://x/runbooks\n", "needs {anchor}"),
     ("dashboards: {refresh: often}\n", "dashboards.refresh"),
     ("hit_ratio_threshold: [\n", "c.yml:2:1: not valid YAML"),

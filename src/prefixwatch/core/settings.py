@@ -19,6 +19,7 @@ from typing import Any
 from prefixwatch.core.causes import COLD_START, DIAGNOSIS_WINDOW, DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.yamlfile import suggest
 
 #: Top-level keys both config files accept, feeding the diagnosis' defaults.
 THRESHOLD_KEY = "hit_ratio_threshold"
@@ -124,9 +125,10 @@ def diagnosis_from(config: Mapping[str, Any], where: str) -> DiagnosisSettings:
         section = {}
     if not isinstance(section, Mapping):
         raise ConfigError(f"{where}: diagnosis must be a mapping")
-    unknown = set(section) - DIAGNOSIS_KEYS
+    unknown = sorted(set(section) - DIAGNOSIS_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown diagnosis key {sorted(unknown)[0]!r}")
+        raise ConfigError(f"{where}: unknown key 'diagnosis.{unknown[0]}'"
+                          f"{suggest(unknown[0], DIAGNOSIS_KEYS)}")
     numbers = {k: v for k, v in section.items() if k in THRESHOLD_FIELDS}
     if config.get(THRESHOLD_KEY) is not None and "hit_ratio" not in numbers:
         numbers["hit_ratio"] = check_share(THRESHOLD_KEY, config[THRESHOLD_KEY], where)

@@ -62,12 +62,6 @@ VLLM_OFFLOAD_OUTCOME_STORED = "stored"
 VLLM_OFFLOAD_OUTCOMES_SKIPPED: tuple[str, ...] = ("skipped_already_cached", "skipped_in_flight")
 VLLM_OFFLOAD_OUTCOMES_FAILED: tuple[str, ...] = ("dropped_cpu_full", "dropped_request_gone",
                                                  "dropped_null_block", "dropped_not_hashed")
-#: Labels of vllm:simple_kv_offload_info besides model_name and engine, in vLLM's order.
-VLLM_OFFLOAD_INFO_LABELS: tuple[str, ...] = ("backend", "page_cache", "lazy_offload",
-                                             "capacity_blocks")
-#: Some vLLM revisions split load_blocks by ``phase`` (issued|completed); count completed only.
-VLLM_OFFLOAD_LOAD_PHASE_LABEL = "phase"
-VLLM_OFFLOAD_LOAD_PHASE_COMPLETED = "completed"
 
 # --------------------------------------------------------------------------------------------
 # SGLang (python/sglang/srt/observability/metrics_collector.py)

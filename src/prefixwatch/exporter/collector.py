@@ -29,7 +29,7 @@ from prefixwatch.core.names import OutMetric
 from prefixwatch.core.schemas import SourceSchema
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures, served_tokens
 from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
 
@@ -115,19 +115,16 @@ class PrefixwatchCollector(Collector):
                        names.OUT_FLEET_EFFECTIVE_HIT_RATIO):
             family(metric)  # always present, even with no data, so dashboards see the names
 
-        fleet: dict[tuple[str, str], list[float]] = {}
+        fleet: dict[tuple[str, str], list[WindowFigures]] = {}
         for mon in self.monitors:
             with mon.lock:
                 self._collect_target(mon, family, fleet)
-        fleet_family = family(names.OUT_FLEET_HIT_RATIO)
-        effective_family = family(names.OUT_FLEET_EFFECTIVE_HIT_RATIO)
-        for (model, window), (queries, hits, *cached) in sorted(fleet.items()):
-            value = ratio(hits, queries)
-            if value is not None:
-                fleet_family.add_metric([model, window], value)
-            value = ratio(cached[0], cached[1]) if cached else None
-            if value is not None:
-                effective_family.add_metric([model, window], value)
+        for (model, window), figures in sorted(fleet.items()):
+            total = WindowFigures.summed(figures)
+            for metric, value in ((names.OUT_FLEET_HIT_RATIO, total.hit_ratio),
+                                  (names.OUT_FLEET_EFFECTIVE_HIT_RATIO, total.effective_ratio)):
+                if value is not None:
+                    family(metric).add_metric([model, window], value)
         if self.state is not None:
             self._collect_diagnosis(family)
         if self.view is not None:
@@ -187,15 +184,9 @@ class PrefixwatchCollector(Collector):
             for model in models:
                 achieved = parts.achieved
                 if achieved is None:
-                    hits = []
-                    for mon in self.monitors:
-                        with mon.lock:
-                            figures = mon.models.get(model) if mon.up else None
-                            if figures is not None and window in figures.windows:
-                                hits.append(figures.windows[window].hits)
-                    if not hits or any(math.isnan(h) for h in hits):
-                        continue
-                    achieved = round(sum(hits))
+                    achieved = served_tokens(self.monitors, window, model)
+                if achieved is None:
+                    continue
                 for part, value in ledger_ratios(parts, achieved).items():
                     if part not in unmeasured:
                         shares.add_metric([model, window, part], value)
@@ -250,15 +241,11 @@ class PrefixwatchCollector(Collector):
                 value = wf.hit_ratio
                 if value is not None:
                     family(names.OUT_HIT_RATIO).add_metric(base + [window], value)
-                    slot = fleet.setdefault((model, window), [0.0, 0.0])
-                    slot[0] += wf.queries
-                    slot[1] += wf.hits
-                elif wf.queries == 0:
-                    fleet.setdefault((model, window), [0.0, 0.0])
+                if value is not None or wf.queries == 0:
+                    fleet.setdefault((model, window), []).append(wf)
                 effective = wf.effective_ratio
                 if effective is not None:
                     family(names.OUT_EFFECTIVE_HIT_RATIO).add_metric(base + [window], effective)
-                _add_effective(fleet, (model, window), wf.cached, wf.queries)
                 if wf.seconds > 0 and not math.isnan(wf.hits):
                     family(names.OUT_CACHED_TOKENS_RATE).add_metric(
                         base + [window], wf.hits / wf.seconds)
@@ -269,19 +256,3 @@ class PrefixwatchCollector(Collector):
                     if value is not None:
                         family(names.OUT_TTFT_QUANTILE).add_metric(
                             base + [window, floatToGoString(q)], value)
-
-
-def _add_effective(fleet: dict[tuple[str, str], list[float]], key: tuple[str, str],
-                   cached: float, queries: float) -> None:
-    """Sum one target's cached tokens (every tier) and queries into the fleet's slot, before
-    any division; a target without tiers leaves the fleet's effective ratio undefined."""
-    slot = fleet.get(key)
-    if slot is None:
-        return
-    if math.isnan(cached) or math.isnan(queries):
-        slot[2:] = [math.nan, math.nan]
-        return
-    if len(slot) == 2:
-        slot.extend([0.0, 0.0])
-    slot[2] += cached
-    slot[3] += queries

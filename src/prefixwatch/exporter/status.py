@@ -11,7 +11,8 @@ from prefixwatch.core.diagnosis import diagnose
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
-from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+from prefixwatch.exporter.evidence import evidence_for
+from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
 
@@ -59,7 +60,6 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     time.sleep(gap)
     for mon in monitors:
         mon.poll()
-        mon.close()
     now = time.time()
     evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
     found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),

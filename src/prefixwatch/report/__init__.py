@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefixwatch.report.collect import Collector, ReportData, Request
+from prefixwatch.report.collect import Collector
 from prefixwatch.report.divergence import Finding, first_divergence
 from prefixwatch.report.figures import figure1, figure2, figure3
+from prefixwatch.report.model import ReportData, Request
 from prefixwatch.report.promapi import PromClient, ReportError
 from prefixwatch.report.render import render_html, render_markdown
 

@@ -14,9 +14,9 @@ import jinja2
 
 from prefixwatch.core.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_tier_tokens
 from prefixwatch.core.version import __version__
-from prefixwatch.report.collect import TTFT_QUANTILES, ReportData
 from prefixwatch.report.divergence import Finding
 from prefixwatch.report.figures import Drawn
+from prefixwatch.report.model import TTFT_QUANTILES, ReportData
 
 
 def not_available(name: str, data: ReportData) -> str:
