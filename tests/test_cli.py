@@ -59,6 +59,8 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
      "cfg.yml:2:33: unknown key 'targets.0.colour'"),
     ("targets:\n  - {url: 'http://a:1/metrics', timeot: 2}\n", "(did you mean 'timeout'?)"),
     ("targets:\n  - {name: x}\n", "cfg.yml:2:5: each target needs a url"),
+    ("interval: -1\n", "cfg.yml:1:1: interval must be positive"),
+    ("windows: [1m, lifetime]\n", "cfg.yml:1:1: not a duration: 'lifetime'"),
     ("targets:\n  - {url: 'http://a:1/m', name: x}\n  - {url: 'http://b:1/m', name: x}\n",
      "share the name"),
 ])

@@ -120,7 +120,6 @@ class TierSchema:
     server: str
     cached_by_source: str
     source_label: str
-    prompt_by_source: str | None = None
     fallback_device: str | None = None
     fallback_unknown: str | None = None
     ext_queries: str | None = None
@@ -130,7 +129,7 @@ class TierSchema:
 
     def sample_names(self) -> frozenset[str]:
         """Every sample name this schema reads (with the ``_created`` of each counter)."""
-        counters = [n for n in (self.cached_by_source, self.prompt_by_source,
+        counters = [n for n in (self.cached_by_source,
                                 self.fallback_device, self.fallback_unknown, self.ext_queries,
                                 *self.tier_counters) if n]
         names = set(counters) | {c.removesuffix("_total") + "_created" for c in counters}
@@ -144,7 +143,6 @@ VLLM_TIERS = TierSchema(
     server="vllm",
     cached_by_source=tiers.VLLM_CACHED_BY_SOURCE,
     source_label=tiers.VLLM_SOURCE_LABEL,
-    prompt_by_source=tiers.VLLM_PROMPT_BY_SOURCE,
     fallback_device=families.read("hits", families.VLLM_V1),
     fallback_unknown=families.read("ext_hits", families.VLLM_V1),
     ext_queries=families.read("ext_queries", families.VLLM_V1),

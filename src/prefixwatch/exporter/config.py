@@ -274,21 +274,30 @@ def build_config(
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
+
+    def at(key: str, flag: object, name: str = "") -> str:
+        """Where a value came from: its flag, or its place in the file."""
+        return (name or f"--{key.replace('_', '-')}") if flag else cf.where(key)
+
     if cfg.interval <= 0:
-        raise ConfigError("interval must be positive")
-    cfg.listen_host_port  # noqa: B018 - validates
+        raise ConfigError(f"{at('interval', interval is not None)}: interval must be positive")
     try:
-        seconds = cfg.window_seconds
+        split_host_port(cfg.listen_address)
+    except ConfigError as exc:
+        raise ConfigError(f"{at('listen_address', listen_address)}: {exc}") from None
+    try:
+        cfg.window_seconds  # noqa: B018 - validates ('lifetime' is no duration: always added)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        raise ConfigError(f"{at('windows', windows, '--window')}: {exc}") from exc
     for name, value in (("diagnosis window", cfg.diagnosis_window),
                         ("cold start", cfg.cold_start)):
         try:
             parse_duration(value)
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from exc
-    if names.LIFETIME_WINDOW in seconds:
-        raise ConfigError("'lifetime' is always exported; do not list it as a window")
     if cfg.otlp_endpoint:
-        validate_url(cfg.otlp_endpoint)
+        try:
+            validate_url(cfg.otlp_endpoint)
+        except ConfigError as exc:
+            raise ConfigError(f"{at('otlp_endpoint', otlp_endpoint)}: {exc}") from None
     return cfg

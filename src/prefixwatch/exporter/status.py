@@ -23,14 +23,14 @@ class StatusRow:
     model: str
     server: str
     schema: str
-    gap_ratio: float | None
-    lifetime_ratio: float | None
-    queries_per_s: float | None
-    ttft_p50: float | None
-    ttft_p95: float | None
-    kv_usage: float | None
-    block_size: int | None
-    caching_enabled: bool | None
+    gap_ratio: float | None = None
+    lifetime_ratio: float | None = None
+    queries_per_s: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    kv_usage: float | None = None
+    block_size: int | None = None
+    caching_enabled: bool | None = None
     error: str = ""
     #: The KV pool in blocks (cache_config_info num_gpu_blocks), for the ledger.
     pool_blocks: int | None = None
@@ -67,8 +67,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     rows: list[StatusRow] = []
     for mon in monitors:
         if not mon.up or mon.snapshot is None:
-            rows.append(StatusRow(mon.name, "-", "-", "-", None, None, None, None, None, None,
-                                  None, None, error=f"{mon.reason}: {mon.last_error}"))
+            rows.append(StatusRow(mon.name, "-", "-", "-", error=f"{mon.reason}: {mon.last_error}"))
             continue
         schema = mon.snapshot.schema
         for model, figures in sorted(mon.models.items()):
