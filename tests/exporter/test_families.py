@@ -54,7 +54,7 @@ def test_every_row_is_read_from_a_page(monitors: list[TargetMonitor]) -> None:
             v = state.values
             seen |= set(v.counters) | set(v.gauges) | set(v.histograms)
     for row in families.FAMILIES:
-        if row.extra != "tier":
+        if row.extra != "tier" and row.reads:
             assert row.role in seen, row.role
 
 
@@ -65,8 +65,9 @@ def test_every_row_is_written_by_the_collector_and_otlp(monitors: list[TargetMon
     sent = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics
             for m in sm.metrics}
     for row in families.FAMILIES:
-        assert row.out.name in written, row.out.name
-        assert row.out.name in sent, row.out.name
+        if row.reads:  # a family derived by prefixwatch itself is its own module's to test
+            assert row.out.name in written, row.out.name
+            assert row.out.name in sent, row.out.name
 
 
 def test_otlp_sends_the_collectors_numbers(monitors: list[TargetMonitor]) -> None:

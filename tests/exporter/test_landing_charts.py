@@ -117,6 +117,21 @@ def _same_render(exporter: Exporter, now: float) -> str:
     return cached
 
 
+def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
+    """A host tier rescues the fleet (device 10%, host 80%): the cards show the effective 90%
+    against the threshold, as the alerts judge it, not the device's 10%."""
+    exporter = _exporter("http://127.0.0.1:9/metrics")
+    start = time.time() - 600
+    for i in range(60):
+        queries = 1000.0 * (i + 1)
+        page = with_counters(vllm_page, queries, 0.1 * queries)
+        page = re.sub(r'(source="host"\}) \S+', rf"\g<1> {0.8 * queries}", page)
+        exporter.monitors[0].ingest(page, start + i * 10)
+    html = charts_section(exporter, start + 600)
+    assert "effective hit ratio" in html
+    assert html.count('<span class="ok">90.0%</span>') == 2, html  # the fleet and the target
+
+
 def test_landing_page_fits_1280_pixels(vllm_page: str, tmp_path: Path) -> None:
     """Two models' cards, a target that is down with a long error and one over a limit: the
     page is no wider than a 1280-pixel window (chromium measures it)."""

@@ -100,7 +100,7 @@ def test_legacy_vllm_names() -> None:
     values = snap.series[("m", "0")]
     assert values.counters == {"queries": 100.0, "hits": 40.0, "cached_device": 40.0,
                                "cached_host": 0.0, "cached_disk": 0.0, "cached_remote": 0.0,
-                               "cached_unknown": 0.0}  # no split: the device tier is the hits
+                               "cached_unknown": 0.0, "cached": 40.0}  # no split: device hits
     assert values.gauges["kv_usage"] == 0.5
 
 

@@ -6,8 +6,10 @@ reset-safe history; the collector and OTLP write the row's ``prefixwatch_*`` fam
 sources name the row's raw series, the exporter's or the engine's own. Adding an engine counter
 is one row here (and its test in tests/exporter/test_families.py).
 
-Families that come from elsewhere (a target's health, the window ratios, the diagnosis, the
-request log) are ``OutMetric`` entries of core/names.py without a row here.
+A row without ``reads`` is a family prefixwatch derives itself (the KV event stream): the page
+reader and the monitor pass it by, its own module writes it, and the mixin's sources still name
+it. The window ratios, a target's health, the diagnosis and the request log's families are
+``OutMetric`` entries of core/names.py without a row.
 """
 
 from __future__ import annotations
@@ -100,10 +102,10 @@ def read(role: str, schema: str) -> str:
 
 
 def roles(kind: str, schema: str | None = None) -> tuple[str, ...]:
-    """The roles of one kind (counter, gauge, histogram), of those read on ``schema`` when
-    given; the tier-split family is left out (its roles are one per tier)."""
+    """The roles of one kind (counter, gauge, histogram) read from an engine's page (on
+    ``schema`` when given); the tier-split family is left out (its roles are one per tier)."""
     return tuple(f.role for f in FAMILIES if f.kind == kind and f.extra != names.L_TIER
-                 and (schema is None or schema in f.reads))
+                 and f.reads and (schema is None or schema in f.reads))
 
 
 def exposed(metric: OutMetric) -> str:

@@ -128,9 +128,11 @@ class SeriesReader:
     bounds: Bounds | None
 
     @classmethod
-    def of(cls, history: SeriesHistory, width: float) -> SeriesReader:
+    def of(cls, history: SeriesHistory, width: float, served: str = "hits") -> SeriesReader:
+        """Queries and the ``served`` counter role (the device's hits, or every tier's cached
+        tokens), then the TTFT buckets."""
         layout = history.layout
-        picks = [layout.offset_of("queries"), layout.offset_of("hits")]
+        picks = [layout.offset_of("queries"), layout.offset_of(served)]
         spot = layout.histogram_slice("ttft")
         if spot is not None:
             offset, bounds = spot
@@ -162,14 +164,14 @@ def deltas(values: list[list[float]]) -> np.ndarray:
 
 
 def bin_history(histories: Sequence[SeriesHistory], now: float,
-                width: float = SPAN_SECONDS / BINS) -> Binned:
+                width: float = SPAN_SECONDS / BINS, served: str = "hits") -> Binned:
     """One model's engines on one target, binned on the grid: the reference (uncached) way,
     the cache must give the same."""
     newest_bin = math.floor(now / width)
     first = newest_bin - BINS + 1
     out = Binned(first * width, now)
     for history in histories:
-        series = SeriesReader.of(history, width)
+        series = SeriesReader.of(history, width, served)
         newest = series.newest()
         if newest is None:
             continue

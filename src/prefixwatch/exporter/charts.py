@@ -16,7 +16,6 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,9 +32,6 @@ from prefixwatch.exporter.chartbins import (
     final_edge,
     median,
 )
-
-if TYPE_CHECKING:
-    pass
 
 WIDTH, HEIGHT, PAD = 360, 84, 4
 
@@ -270,9 +266,12 @@ class _Cached:
 
 class ChartCache:
     """Per exporter: each (target, model)'s completed bins, reused while the grid and the
-    model's histories (the same objects: a restarted history is a new one) stay the same."""
+    model's histories (the same objects: a restarted history is a new one) stay the same.
+    ``served`` is the counter role whose share is drawn (pagereader.CACHED: the effective
+    ratio; "hits": the device's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, served: str = "hits") -> None:
+        self.served = served
         self.lock = threading.Lock()
         self.width: float | None = None
         self.entries: dict[tuple[str, str], _Cached] = {}
@@ -289,10 +288,11 @@ class ChartCache:
                 or final_edge(newest, width) < lo):
             # Engines polled at different times, or nothing final yet: nothing to cache.
             self.entries.pop(key, None)
-            return Chart.of(bin_history(histories, now, width))
+            return Chart.of(bin_history(histories, now, width, self.served))
         if cached is None or cached.histories != tuple(histories) or cached.width != width \
                 or not cached.update(lo, newest):
-            cached = _Cached([SeriesReader.of(h, width) for h in histories], width, lo)
+            cached = _Cached([SeriesReader.of(h, width, self.served) for h in histories],
+                             width, lo)
             cached.update(lo, newest)
             self.entries[key] = cached
         return cached.chart(now)

@@ -12,12 +12,14 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
+from prefixwatch.core import settings
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import SeriesHistory
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.monitor import served_tokens
+from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, tier_shares
 
 if TYPE_CHECKING:
@@ -121,11 +123,17 @@ _CACHES: weakref.WeakKeyDictionary[Exporter, ChartCache] = weakref.WeakKeyDictio
 _CACHES_LOCK = threading.Lock()
 
 
+def _served(exporter: Exporter) -> str:
+    """The counter role the charts draw the share of: the ratio the threshold judges."""
+    effective = exporter.config.hit_ratio_mode == settings.HIT_RATIO_EFFECTIVE
+    return CACHED if effective else "hits"
+
+
 def _cache_of(exporter: Exporter) -> ChartCache:
     with _CACHES_LOCK:
         cache = _CACHES.get(exporter)
         if cache is None:
-            cache = _CACHES[exporter] = ChartCache()
+            cache = _CACHES[exporter] = ChartCache(_served(exporter))
         return cache
 
 
@@ -178,7 +186,8 @@ def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache
                 if state.history is not None:
                     by_model.setdefault(model, []).append(state.history)
             if cache is None:
-                charts = {m: Chart.of(bin_history(h, latest, width)) for m, h in by_model.items()}
+                charts = {m: Chart.of(bin_history(h, latest, width, _served(exporter)))
+                          for m, h in by_model.items()}
             else:
                 charts = {m: cache.chart((mon.name, m), h, latest, width)
                           for m, h in by_model.items()}
@@ -196,8 +205,9 @@ def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache
     with exporter.state.lock:
         active = {key: exporter.state.diagnosis.active(*key)
                   for key in exporter.state.diagnosis.causes}
-    out = [f'<h2>Hit ratio over time</h2><p class="legend"><span style="color:#08519c">&#9644; hit '
-           f'ratio</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
+    ratio = "effective hit ratio" if _served(exporter) == CACHED else "device hit ratio"
+    out = [f'<h2>Hit ratio over time</h2><p class="legend"><span style="color:#08519c">&#9644; '
+           f'{ratio}</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
            f'{threshold:.0%}</span> &middot; <span style="color:#f16913">&#9644; TTFT p50'
            f"</span> (own scale) &middot; the last {_duration(width * BINS)}, one point per "
            f"{_duration(width)}; the page refreshes itself every 15 s</p>"]

@@ -29,6 +29,7 @@ from prefixwatch.core.windows import (
 )
 from prefixwatch.exporter.config import TargetConfig
 from prefixwatch.exporter.pagereader import (
+    CACHED,
     TIER_ROLES,
     TIER_STORES,
     LabelCache,
@@ -45,7 +46,8 @@ log = logging.getLogger("prefixwatch.exporter")
 
 #: The history keeps every counter role of the family table, each tier's cached tokens and the
 #: second tier's stores, then the histograms' buckets.
-COUNTER_ROLES: tuple[str, ...] = (*families.roles("counter"), *TIER_ROLES.values(), TIER_STORES)
+COUNTER_ROLES: tuple[str, ...] = (*families.roles("counter"), *TIER_ROLES.values(), CACHED,
+                                  TIER_STORES)
 HISTOGRAM_ROLES: tuple[str, ...] = families.roles("histogram")
 
 

@@ -31,6 +31,8 @@ from prefixwatch.exporter.pagescan import (
 
 #: Counter role of the cached prompt tokens one tier served ("cached_device", ...).
 TIER_ROLES: dict[str, str] = {tier: f"cached_{tier}" for tier in tiers.TIERS}
+#: Counter role of the cached prompt tokens of every tier (what the effective ratio counts).
+CACHED = "cached"
 #: Counter role of the blocks/tokens stored into the second tier (vLLM stored saves, SGLang
 #: host backups); gauge role of what the second tier holds; cached-token role of SGLang's
 #: sources that the engine counts as its own (device) hits.
@@ -357,6 +359,7 @@ class _TierReader:
             return
         for tier, role in TIER_ROLES.items():
             values.counters[role] = split[tier]
+        values.counters[CACHED] = sum(split.values())
         if key in self.stores:
             values.counters[TIER_STORES] = self.stores[key]
         if key in self.used:
