@@ -34,7 +34,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
         time.sleep(25)
         stack.switch("timestamp-at-top")
         stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 60, "the page")
-        time.sleep(5)
+        time.sleep(12)  # a during phase of several rate windows
         stack.switch("static-system-prompt")
         stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 30, "the recovery")
         time.sleep(15)  # an after phase of several windows

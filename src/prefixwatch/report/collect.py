@@ -206,14 +206,14 @@ class Collector:
     # -- phases ---------------------------------------------------------------------------
 
     def _inside(self, metric: str, span: Phase) -> str:
-        """The mean over ``span`` of a recorded rate, from samples whose windows lie inside
-        the span: each sample covers the window before it, so traffic from the other side of
-        a transition never counts. A span one window long is its last sample."""
+        """The mean over ``span`` of a recorded rate, from samples (one a step) whose windows
+        lie inside the span: each covers the window before it, so traffic from the other side
+        of a transition never counts (the span's edges weigh less). A span one window long
+        is its last sample."""
         inner = span.seconds - self.window
         if inner < 1:
             return metric
-        step = _dur(min(self.window, inner))
-        return f"avg_over_time({metric}[{_dur(inner)}:{step}])"
+        return f"avg_over_time({metric}[{_dur(inner)}:{_dur(min(self.step, inner))}])"
 
     def _mean(self, metric: str, model: str, span: Phase, by: str = "") -> dict[str, float]:
         """The mean of a recorded rate over a span (see _inside), per ``by`` (one value
