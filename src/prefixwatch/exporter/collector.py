@@ -29,7 +29,8 @@ from prefixwatch.core.names import OutMetric
 from prefixwatch.core.schemas import SourceSchema
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
-from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures, served_tokens
+from prefixwatch.exporter.evidence import served_tokens
+from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
 from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
 

@@ -1,16 +1,18 @@
-"""What the diagnosis needs of one target: each model's evidence over a window, read from its
-monitor's reset-safe history (window deltas summed over engines before any ratio)."""
+"""What is read across the monitors: the diagnosis' evidence of each model of one target over a
+window (deltas summed over engines before any ratio), and the prompt tokens the targets served
+(the ledger's achieved part)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from prefixwatch.core.diagnosis import TargetEvidence
 from prefixwatch.core.windows import Layout, histogram_quantile
 from prefixwatch.exporter.monitor import (
     SeriesState,
     TargetMonitor,
+    WindowFigures,
     hist_delta,
     summed_delta,
     tier_sum,
@@ -105,3 +107,21 @@ def _tier_evidence(ev: TargetEvidence, layout: Layout, vec: Sequence[float]) -> 
         ev.tier_asked = ext
         if ext > 0:
             ev.tier_configured = True
+
+
+def served_tokens(monitors: Iterable[TargetMonitor], window: str, model: str | None = None
+                  ) -> float | None:
+    """Prompt tokens served from cache over a window, summed over the targets that are up
+    (every tier; the device's hits where an engine shows no tiers): the ledger's achieved
+    part. None when no target has the window, or a count is unknown."""
+    figures = []
+    for mon in monitors:
+        with mon.lock:
+            if mon.up:
+                figures += [f.windows[window] for m, f in mon.models.items()
+                            if model in (None, m) and window in f.windows]
+    if not figures:
+        return None
+    total = WindowFigures.summed(figures)
+    served = total.cached if total.tiers else total.hits
+    return None if math.isnan(served) else round(served)

@@ -18,7 +18,7 @@ from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import SeriesHistory
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
-from prefixwatch.exporter.monitor import served_tokens
+from prefixwatch.exporter.evidence import served_tokens
 from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, tier_shares
 

@@ -339,24 +339,6 @@ def window_figures(states: list[SeriesState], now: float, seconds: float) -> Win
                          tier_sum([{r: total[layout.offset_of(r)] for r in TIER_ROLES.values()}]))
 
 
-def served_tokens(monitors: Iterable[TargetMonitor], window: str, model: str | None = None
-                  ) -> float | None:
-    """Prompt tokens served from cache over a window, summed over the targets that are up
-    (every tier; the device's hits where an engine shows no tiers): the ledger's achieved
-    part. None when no target has the window, or a count is unknown."""
-    figures = []
-    for mon in monitors:
-        with mon.lock:
-            if mon.up:
-                figures += [f.windows[window] for m, f in mon.models.items()
-                            if model in (None, m) and window in f.windows]
-    if not figures:
-        return None
-    total = WindowFigures.summed(figures)
-    served = total.cached if total.tiers else total.hits
-    return None if math.isnan(served) else round(served)
-
-
 def tier_sum(counters: Sequence[dict[str, float]]) -> dict[str, float]:
     """Cached tokens by tier summed over engines; empty when any engine lacks a tier (a sum
     with a hole would understate the effective ratio)."""
