@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin import rules
 from prefixwatch.mixin.alerttests import STEP, Cases, Phase
 
@@ -58,8 +59,8 @@ SHOULD_PAGE = ("collapse", "both tiers")
 def first_firing(promtool: str, workdir: Path, phases: list[Phase], start_min: float,
                  span_min: float) -> dict[str, float | None]:
     """Minutes from start_min to the first evaluation with each alert firing (None: never)."""
-    cases = Cases("vllm", rules.RulesConfig(), "rules.yml")
-    doc = rules.Builder("vllm", rules.RulesConfig()).document()
+    cases = Cases("vllm", mixin_config.MixinConfig(), "rules.yml")
+    doc = rules.Builder("vllm", mixin_config.MixinConfig()).document()
     compared = [{"alert": name.replace(" ", "_").replace("-", "_"), "expr": expr, "for": for_,
                  "labels": {"severity": "critical"}} for name, (expr, for_) in COMPARED.items()]
     doc["groups"].append({"name": "compared", "interval": "15s", "rules": compared})

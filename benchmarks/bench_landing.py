@@ -30,9 +30,8 @@ from prometheus_client import generate_latest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
-from prefixwatch.exporter.charts import charts_section  # noqa: E402
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets  # noqa: E402
-from prefixwatch.exporter.landing import render_landing  # noqa: E402
+from prefixwatch.exporter.landing import charts_section, render_landing  # noqa: E402
 from prefixwatch.exporter.service import Exporter  # noqa: E402
 from tests.conftest import with_counters  # noqa: E402
 

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prefixwatch.mixin import rules  # noqa: E402
+from prefixwatch.core import rulenames  # noqa: E402
 from prefixwatch.report import Request, write_report  # noqa: E402
 from prefixwatch.simulator.engine import EngineConfig  # noqa: E402
 from tests.report.loopback import LoopbackStack  # noqa: E402
@@ -57,13 +57,14 @@ def main() -> int:
         try:
             time.sleep(40)
             stack.switch("timestamp-at-top")
-            stack.wait_for(lambda: rules.ALERT_LOW in stack.firing_seen, 90, "the page")
+            stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 90, "the page")
             time.sleep(12)
             stack.switch("static-system-prompt")
             stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 60, "the recovery")
             time.sleep(20)
             written = write_report(stack.prom_url, Path(tmp) / "report",
-                                   Request(started, time.time(), 0.7))
+                                   Request(started, time.time(), 0.7,
+                                           time_scale=stack.time_scale))
             shutil.copy(written.directory / "figure1-hit-ratio-ttft.png",
                         OUT / "report-figure1.png")
             screenshot(chromium, stack.exporter_url, OUT / "landing-page.png")

@@ -37,9 +37,10 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if _CONSOLE_ERROR.search(line)]
 
 
-def load(url: str) -> Loaded:
-    """The DOM chromium built from the page, and any console error it logged."""
-    done = _run(["--dump-dom", url])
+def load(url: str, width: int = 1280, height: int = 900) -> Loaded:
+    """The DOM chromium built from the page in a window of that size, and any console error
+    it logged."""
+    done = _run(["--dump-dom", f"--window-size={width},{height}", url])
     assert done.returncode == 0, done.stderr[-2000:]
     return Loaded(done.stdout, _errors(done.stderr))
 

@@ -181,12 +181,15 @@ def start_listening(cmd: list[str], timeout: float = 30) -> Listening:
 
 
 def with_counters(page: str, queries: float, hits: float) -> str:
-    """The fixture page with other prefix-cache counter values (a later poll)."""
+    """The fixture page with other prefix-cache counter values (a later poll); the device's
+    cached-by-source count follows the hits, as on a real vLLM page."""
     out = []
     for line in page.splitlines():
         if line.startswith("vllm:prefix_cache_queries_total{"):
             line = line.rsplit(" ", 1)[0] + f" {queries}"
-        elif line.startswith("vllm:prefix_cache_hits_total{"):
+        elif line.startswith(("vllm:prefix_cache_hits_total{", "vllm:prompt_tokens_cached_total{")
+                             ) or (line.startswith("vllm:prompt_tokens_cached_by_source_total{")
+                                   and 'source="device"' in line):
             line = line.rsplit(" ", 1)[0] + f" {hits}"
         out.append(line)
     return "\n".join(out) + "\n"

@@ -240,7 +240,7 @@ def run_exporter(args: argparse.Namespace) -> int:
         from prefixwatch.exporter.otlp import OtlpBridge
 
         bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint, state=exporter.state,
-                            kv_sources=exporter.kv.sources)
+                            kv_sources=exporter.kv.all_sources)
         exporter.round_listeners.append(bridge.export)
         log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
     try:
@@ -256,14 +256,16 @@ def run_exporter(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """The report takes the threshold as a parameter: --threshold, else the mixin config's."""
-    from prefixwatch.mixin.config import load_config
+    """The report reads what pages under the mixin config (--config, else the defaults): its
+    threshold (--threshold wins), its ratio and the critical alert's short window."""
+    from prefixwatch.mixin.config import MixinConfig, load_config
+    from prefixwatch.report.cli import Paging
     from prefixwatch.report.cli import run_report as write
 
-    threshold = args.threshold
-    if threshold is None and args.config:
-        threshold = load_config(args.config).hit_ratio_threshold  # ConfigError: exit 2
-    return write(args, names.DEFAULT_HIT_RATIO_THRESHOLD if threshold is None else threshold)
+    cfg = load_config(args.config) if args.config else MixinConfig()  # ConfigError: exit 2
+    return write(args, Paging(cfg.hit_ratio_threshold if args.threshold is None
+                              else args.threshold, cfg.hit_ratio, cfg.critical_short_window,
+                              cfg.time_scale))
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -16,7 +16,8 @@ from prefixwatch.core.diagnosis import (
 )
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.exporter.config import TargetConfig
-from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+from prefixwatch.exporter.evidence import evidence_for
+from prefixwatch.exporter.monitor import TargetMonitor
 
 TH = DiagnosisThresholds()
 PROMPT_BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import names, schemas, tiers
+from prefixwatch.core import families, names, schemas, tiers
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "vllm_metrics_cpu_offload.txt"
 
@@ -35,6 +35,10 @@ def test_every_vllm_source_has_a_tier_and_every_tier_is_known() -> None:
                                                                    tiers.TIER_REMOTE)
 
 
+def v1(role: str) -> str:
+    return families.read(role, families.VLLM_V1)
+
+
 def test_fixture_by_source_sums_to_device_plus_external_and_maps_to_tiers() -> None:
     """vLLM 0.33 with its CPU connector: the by-source split adds up, host is the host tier."""
     values: dict[str, dict[str, float]] = {}
@@ -43,11 +47,11 @@ def test_fixture_by_source_sums_to_device_plus_external_and_maps_to_tiers() -> N
             key = s.labels.get("source", "")
             values.setdefault(s.name, {})[key] = s.value
     by_source = values[tiers.VLLM_CACHED_BY_SOURCE]
-    device = values[tiers.VLLM_DEVICE_HITS][""]
-    external = values[tiers.VLLM_EXTERNAL_HITS][""]
-    queries = values[tiers.VLLM_DEVICE_QUERIES][""]
+    device = values[v1("hits")][""]
+    external = values[v1("ext_hits")][""]
+    queries = values[v1("queries")][""]
     assert sum(by_source.values()) == device + external
-    assert values[tiers.VLLM_EXTERNAL_QUERIES][""] == queries - device
+    assert values[v1("ext_queries")][""] == queries - device
     got = tiers.tiers_from_sources(by_source, "vllm")
     assert got == {"device": 171536, "host": 58864, "disk": 0, "remote": 0, "unknown": 0}
     fallback = tiers.vllm_fallback_tiers(device, external)
@@ -86,8 +90,7 @@ def test_schema_roles_name_the_fixture_families() -> None:
 
 
 def test_output_metrics_carry_tier_and_window() -> None:
-    tiered = names.OUT_PROMPT_TOKENS_CACHED_BY_TIER
-    assert tiered.name == names.OUT_PROMPT_TOKENS_CACHED.name
-    assert tiered.labels == (*names.OUT_PROMPT_TOKENS_CACHED.labels, names.L_TIER)
+    tiered = names.OUT_PROMPT_TOKENS_CACHED
+    assert tiered.labels == (*names.OUT_PROMPT_TOKENS.labels, names.L_TIER)
     assert names.OUT_EFFECTIVE_HIT_RATIO.labels == names.OUT_HIT_RATIO.labels
     assert names.OUT_FLEET_EFFECTIVE_HIT_RATIO.labels == names.OUT_FLEET_HIT_RATIO.labels

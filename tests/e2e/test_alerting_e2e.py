@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from prefixwatch.core import rulenames
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, rules
+from prefixwatch.mixin import config as mixin_config
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
@@ -83,7 +85,7 @@ def test_timestamp_regression_pages_on_call(tmp_path: Path) -> None:
         exporter.start()
 
         # The generated rules, compressed in time through the generator's own config.
-        rules_cfg = rules.RulesConfig(time_scale=TIME_SCALE)
+        rules_cfg = mixin_config.MixinConfig(time_scale=TIME_SCALE)
         rules_dir = tmp_path / "rules"
         rules_dir.mkdir()
         (rules_dir / "prefixwatch.exporter.rules.yml").write_text(
@@ -135,7 +137,7 @@ def test_timestamp_regression_pages_on_call(tmp_path: Path) -> None:
         assert switched_at is not None, "the workload never switched"
         assert pages, f"no page reached the webhook; received: {hook.received[-3:]}"
         page = pages[0]
-        assert page["labels"]["alertname"] == rules.ALERT_LOW
+        assert page["labels"]["alertname"] == rulenames.ALERT_LOW
         assert page["labels"]["severity"] == "critical"
         assert page["labels"]["model_name"] == cfg.model
         assert page["annotations"]["runbook_url"].endswith("runbooks.md#prefixcachehitratelow")

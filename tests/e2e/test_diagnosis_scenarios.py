@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixwatch.core import causes
 from prefixwatch.core.diagnosis import TargetEvidence
 from prefixwatch.exporter.config import build_config
-from prefixwatch.exporter.monitor import evidence_for
+from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig

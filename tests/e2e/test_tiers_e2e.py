@@ -24,6 +24,7 @@ import yaml
 from prefixwatch.core.rulenames import ALERT_LOW, MODEL, r_effective, r_ratio
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
+from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin import rules
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
@@ -33,7 +34,7 @@ from tests.conftest import require_binary, start_listening, wait_ready
 
 TIME_SCALE = 0.05  # 5m windows become 15 s, the critical `for: 1m` 3 s, 2.5 minutes 7.5 s
 HEALTHY_SECONDS = 40
-THRESHOLD = rules.MixinConfig().hit_ratio_threshold
+THRESHOLD = mixin_config.MixinConfig().hit_ratio_threshold
 
 
 def query(port: int, expr: str) -> list[dict]:
@@ -67,7 +68,7 @@ def test_host_tier_rescue_stays_quiet_and_both_tiers_collapsing_pages(tmp_path: 
             interval=0.5, listen_address="127.0.0.1:0", windows=("1m",)))
         exporter.start()
         (tmp_path / "prefixwatch.exporter.rules.yml").write_text(
-            rules.render("exporter", rules.MixinConfig(time_scale=TIME_SCALE)))
+            rules.render("exporter", mixin_config.MixinConfig(time_scale=TIME_SCALE)))
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(tmp_path / "prefixwatch.exporter.rules.yml")],

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import requests
 
-from prefixwatch.exporter.charts import BINS, bin_history, charts_section, svg_chart
+from prefixwatch.exporter.chartbins import BINS, bin_history
+from prefixwatch.exporter.charts import svg_chart
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
-from prefixwatch.exporter.landing import render_landing
+from prefixwatch.exporter.landing import charts_section, render_landing
 from prefixwatch.exporter.service import Exporter
 from tests import browser
 from tests.conftest import PageServer, with_counters
@@ -114,6 +115,43 @@ def _same_render(exporter: Exporter, now: float) -> str:
     cached = charts_section(exporter, now)
     assert cached == charts_section(exporter, now, cached=False)
     return cached
+
+
+def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
+    """A host tier rescues the fleet (device 10%, host 80%): the cards show the effective 90%
+    against the threshold, as the alerts judge it, not the device's 10%."""
+    exporter = _exporter("http://127.0.0.1:9/metrics")
+    start = time.time() - 600
+    for i in range(60):
+        queries = 1000.0 * (i + 1)
+        page = with_counters(vllm_page, queries, 0.1 * queries)
+        page = re.sub(r'(source="host"\}) \S+', rf"\g<1> {0.8 * queries}", page)
+        exporter.monitors[0].ingest(page, start + i * 10)
+    html = charts_section(exporter, start + 600)
+    assert "effective hit ratio" in html
+    assert html.count('<span class="ok">90.0%</span>') == 2, html  # the fleet and the target
+
+
+def test_landing_page_fits_1280_pixels(vllm_page: str, tmp_path: Path) -> None:
+    """Two models' cards, a target that is down with a long error and one over a limit: the
+    page is no wider than a 1280-pixel window (chromium measures it)."""
+    page_server = PageServer()
+    try:
+        exporter = _exporter(page_server.url, "http://127.0.0.1:9/" + "metrics" * 40)
+        _regression(exporter, vllm_page)
+        exporter.monitors[1].poll()  # refused: up=0 with its error
+        html = render_landing(exporter).replace("</body>", (
+            "<script>document.body.setAttribute('data-width', "
+            "document.documentElement.scrollWidth)</script></body>"))
+        path = tmp_path / "landing.html"
+        path.write_text(html)
+        dom = browser.load(path.as_uri(), width=1280).dom
+        width = int(re.search(r'data-width="(\d+)"', dom).group(1))
+        assert width <= 1280, width
+        shot = tmp_path / "landing.png"
+        assert browser.screenshot(path.as_uri(), shot) == []
+    finally:
+        page_server.close()
 
 
 def test_cached_render_equals_a_fresh_one(vllm_page: str) -> None:

@@ -99,8 +99,9 @@ def test_otlp_export_carries_counters_and_ratios(receiver: Receiver, page_server
         tuple(sorted((a.key, a.value.string_value) for a in p.attributes)): p.as_double
         for p in metrics["prefixwatch_prefix_cache_hit_ratio"].gauge.data_points
     }
-    assert ratios[(("model_name", MODEL), ("window", "1m"))] == pytest.approx(0.03)
-    assert ratios[(("model_name", MODEL), ("window", "lifetime"))] == pytest.approx(0.415)
+    series = (("model_name", MODEL), ("server", "vllm"))
+    assert ratios[(*series, ("window", "1m"))] == pytest.approx(0.03)
+    assert ratios[(*series, ("window", "lifetime"))] == pytest.approx(0.415)
     up = metrics["prefixwatch_target_up"].gauge.data_points[0].as_double
     assert up == 1.0
     diagnosis = {next(a.value.string_value for a in p.attributes if a.key == "cause"): p.as_double

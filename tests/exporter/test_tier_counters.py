@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefixwatch.core import tiers
-from prefixwatch.exporter.monitor import evidence_for
+from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.status import StatusRow, render
 from tests.exporter.test_exporter import make_exporter, pick, samples
 

@@ -17,7 +17,6 @@ from tests.conftest import promtool_test_chunk
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "alerts" / "mixin.example.yml"
-LEGACY = {"threshold", "selector", "runbook_url"}
 #: "70%", 0.7 or 0.70 as a number (not 0.75, 10.7, v0.70.1).
 SEVENTY = re.compile(r"(?<![\d.])(?:70 ?%|0\.70*(?![\d.]))")
 
@@ -25,7 +24,7 @@ SEVENTY = re.compile(r"(?<![\d.])(?:70 ?%|0\.70*(?![\d.]))")
 def test_the_example_documents_every_key_and_holds_the_defaults() -> None:
     text = EXAMPLE.read_text()
     documented = set(re.findall(r"^ *([a-z_]+):", text, re.M))
-    wanted = (TOP_KEYS - LEGACY) | {f.name for f in fields(DashboardSettings)} | {
+    wanted = TOP_KEYS | {f.name for f in fields(DashboardSettings)} | {
         f.name for f in fields(DiagnosisThresholds) if f.name != "hit_ratio"} | {"window"}
     assert wanted <= documented, sorted(wanted - documented)
     for line in text.splitlines():  # every key line is commented, on it or just above
@@ -72,6 +71,28 @@ def test_threshold_and_a_model_override_move_every_artifact(tmp_path: Path, part
     result = promtool_test_chunk(tmp_path / "tests" / "prefixwatch.exporter.test.yml", part,
                                  PARTS, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_every_alert_window_is_a_key() -> None:
+    """Each window and ``for`` of the alerts comes from the config: other values move them all,
+    and the default windows are then nowhere in the rules."""
+    changed = {"warning_window": "20m", "warning_for": "16m", "regression_for": "11m",
+               "eviction_for": "12m", "tier_for": "31m", "baseline_window": "3h",
+               "baseline_offset": "2h", "critical_short_window": "3m",
+               "critical_long_window": "7m", "critical_for": "90s", "cold_start": "9m",
+               "windows": ["1m", "5m", "1h"]}
+    cfg = load_config(data=changed)
+    text = artifacts.render_all(cfg)["alerts/prefixwatch.vllm.rules.yml"]
+    rules = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
+    fors = {r["alert"] + r["labels"]["severity"]: r.get("for") for r in rules if "alert" in r}
+    assert fors["PrefixCacheHitRateLowwarning"] == "16m"
+    assert fors["PrefixCacheHitRateRegressionwarning"] == "11m"
+    assert fors["PrefixCacheEvictionPressurewarning"] == "12m"
+    assert fors["PrefixCacheTierIdlewarning"] == "31m"
+    assert fors["PrefixCacheHitRateLowcritical"] == "1m30s"
+    assert "rate3h_offset2h" in text and "[3h] offset 2h" in text
+    for old in ("15m", "10m", "30m", "rate2h", "offset 1h", "rate2m"):
+        assert old not in text, old
 
 
 def test_render_all_reads_no_source_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

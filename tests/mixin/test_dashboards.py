@@ -15,8 +15,9 @@ import pytest
 import requests
 import yaml
 
-from prefixwatch.core import names, schemas
-from prefixwatch.mixin import artifacts, dashboards, rules
+from prefixwatch.core import families, names, schemas
+from prefixwatch.mixin import artifacts, dashboards, rules, sources
+from prefixwatch.mixin import config as mixin_config
 from tests.conftest import file_lock, npm_packages, require_binary, start_listening, wait_ready
 
 ROOT = Path(__file__).parents[2]
@@ -51,7 +52,7 @@ def test_panels_are_laid_out_by_the_grid_with_auto_ids() -> None:
     from prefixwatch.mixin.config import load_config
 
     cluster = load_config(data={"cluster_label": "cluster"})
-    for cfg in (rules.MixinConfig(), cluster):
+    for cfg in (mixin_config.MixinConfig(), cluster):
         for source in dashboards.SOURCES:
             for name, dash in dashboards.all_dashboards(source, cfg).items():
                 panels = json.loads(dashboards.to_json(dash))["panels"]
@@ -160,10 +161,12 @@ def known_names() -> set[str]:
             known |= {metric.name, metric.name + "_total", metric.name + "_bucket"}
     for schema in schemas.SCHEMAS:
         known |= set(schema.sample_names())
+    for family in families.FAMILIES:
+        known |= {n for read in family.reads.values() for n in (read, read + "_bucket")}
     for tier_schema in schemas.TIER_SCHEMAS.values():
         known |= set(tier_schema.sample_names())
-    for source in rules.SOURCES:
-        for rule in rules.Builder(source, rules.RulesConfig()).recording():
+    for source in sources.SOURCES:
+        for rule in rules.Builder(source, mixin_config.MixinConfig()).recording():
             known.add(rule["record"])
     return known
 
@@ -249,7 +252,7 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     driver = Driver([s.replica for s in sims], SCENARIOS["static-system-prompt"], 20, seed=4)
     sglang_driver = Driver([s.replica for s in sglang], SCENARIOS["static-system-prompt"], 20,
                            seed=5)
-    scaled = rules.MixinConfig(time_scale=0.05)
+    scaled = mixin_config.MixinConfig(time_scale=0.05)
     proms = {
         "exporter": Prom(tmp_path / "p1", {"prefixwatch": f"127.0.0.1:{exporter.port}"},
                          rules.render("exporter", scaled)),

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefixwatch.mixin import alertmanager, alerttests, rules
+from prefixwatch.core import rulenames
+from prefixwatch.mixin import alertmanager, alerttests, promtoolinput, rules, sources
+from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin.rules_cli import write_all
 from tests.conftest import promtool_test_chunk, require_binary, run_promtool, split_cases
 
@@ -24,7 +26,7 @@ def amtool() -> str:
 
 
 def test_committed_files_match_the_generator(tmp_path: Path) -> None:
-    written = write_all(tmp_path, rules.MixinConfig())
+    written = write_all(tmp_path, mixin_config.MixinConfig())
     assert len(written) == 7
     for path in written:
         committed = ALERTS / path.relative_to(tmp_path)
@@ -36,7 +38,7 @@ def test_committed_files_match_the_generator(tmp_path: Path) -> None:
 
 def test_every_alert_has_a_test_and_a_runbook_section() -> None:
     runbook = (ROOT / "docs" / "runbooks.md").read_text()
-    for source in rules.SOURCES:
+    for source in sources.SOURCES:
         doc = yaml.safe_load((ALERTS / f"prefixwatch.{source}.rules.yml").read_text())
         alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
         tests = yaml.safe_load((ALERTS / "tests" / f"prefixwatch.{source}.test.yml").read_text())
@@ -64,14 +66,14 @@ def test_every_cause_has_a_runbook_section_and_the_alerts_link_it() -> None:
     doc = yaml.safe_load((ALERTS / "prefixwatch.vllm.rules.yml").read_text())
     named = [r for g in doc["groups"] for r in g["rules"]
              if "alert" in r and "Diagnosis:" in r["annotations"]["description"]]
-    assert {r["alert"] for r in named} == {rules.ALERT_LOW, rules.ALERT_REGRESSION,
-                                           rules.ALERT_OUTLIER}
+    assert {r["alert"] for r in named} == {rulenames.ALERT_LOW, rulenames.ALERT_REGRESSION,
+                                           rulenames.ALERT_OUTLIER}
     for rule in named:
-        assert f"{rules.DEFAULT_RUNBOOK_URL}#{{{{ $s.Labels.cause }}}}" in (
+        assert f"{rulenames.DEFAULT_RUNBOOK_URL}#{{{{ $s.Labels.cause }}}}" in (
             rule["annotations"]["description"])
 
 
-@pytest.mark.parametrize("source", rules.SOURCES)
+@pytest.mark.parametrize("source", sources.SOURCES)
 def test_promtool_checks_the_rules(source: str) -> None:
     check = run_promtool("check", "rules", str(ALERTS / f"prefixwatch.{source}.rules.yml"))
     assert check.returncode == 0, check.stdout + check.stderr
@@ -83,14 +85,14 @@ PARTS = 3
 
 @pytest.mark.slow
 @pytest.mark.parametrize("part", range(PARTS), ids=lambda p: f"part{p + 1}of{PARTS}")
-@pytest.mark.parametrize("source", rules.SOURCES)
+@pytest.mark.parametrize("source", sources.SOURCES)
 def test_promtool_unit_tests(source: str, part: int, tmp_path: Path) -> None:
     test = promtool_test_chunk(ALERTS / "tests" / f"prefixwatch.{source}.test.yml", part,
                                PARTS, tmp_path)
     assert test.returncode == 0, test.stdout + test.stderr
 
 
-@pytest.mark.parametrize("source", rules.SOURCES)
+@pytest.mark.parametrize("source", sources.SOURCES)
 def test_the_parts_hold_every_case_once(source: str) -> None:
     """Splitting drops no case of a suite, runs none twice, and shares the time out."""
     cases = yaml.safe_load((ALERTS / "tests" / f"prefixwatch.{source}.test.yml").read_text())[
@@ -108,12 +110,12 @@ def test_per_model_thresholds_opt_outs_and_selector(tmp_path: Path) -> None:
           embedder: {disabled: true}
           "coder.v2": {threshold: 0.3}
     """))
-    cfg = rules.load_config(str(cfg_path))
+    cfg = mixin_config.load_config(str(cfg_path))
     (tmp_path / "r.yml").write_text(rules.render("vllm", cfg))
     cases = alerttests.Cases("vllm", cfg, "r.yml")
 
     def traffic(model: str, ratio: float, job: str = "vllm") -> list[dict[str, str]]:
-        series = cases.traffic([alerttests.Phase(40, 1000, ratio)], target=f"{model}:8000")
+        series = cases.traffic([promtoolinput.Phase(40, 1000, ratio)], target=f"{model}:8000")
         for s in series:
             s["series"] = s["series"].replace(alerttests.MODEL, model).replace(
                 'job="vllm"', f'job="{job}"')
@@ -121,18 +123,18 @@ def test_per_model_thresholds_opt_outs_and_selector(tmp_path: Path) -> None:
 
     series = (traffic("embedder", 0.0) + traffic("coder.v2", 0.4) + traffic("chat", 0.5)
               + traffic("other-job", 0.0, job="batch"))
-    firing = [cases.expect(rules.ALERT_LOW, "critical", {"model_name": "chat"}, 0.5)]
+    firing = [cases.expect(rulenames.ALERT_LOW, "critical", {"model_name": "chat"}, 0.5)]
     doc = {"rule_files": ["r.yml"], "evaluation_interval": "15s", "tests": [{
         "interval": "15s", "input_series": series,
-        "alert_rule_test": [cases.at(rules.ALERT_LOW, 10, firing)]}]}
+        "alert_rule_test": [cases.at(rulenames.ALERT_LOW, 10, firing)]}]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, width=1000))
     result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     # The same 0.2 ratio does fire for the model with a 0.3 threshold.
     series = traffic("coder.v2", 0.2)
     doc["tests"][0]["input_series"] = series
-    doc["tests"][0]["alert_rule_test"] = [cases.at(rules.ALERT_LOW, 10, [
-        cases.expect(rules.ALERT_LOW, "critical", {"model_name": "coder.v2"}, 0.2)])]
+    doc["tests"][0]["alert_rule_test"] = [cases.at(rulenames.ALERT_LOW, 10, [
+        cases.expect(rulenames.ALERT_LOW, "critical", {"model_name": "coder.v2"}, 0.2)])]
     (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, width=1000))
     result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -161,18 +163,18 @@ def test_alertmanager_config_and_routes(amtool: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content,message", [
-    ("threshold: 1.5\n", ":1:1: hit_ratio_threshold must be between 0 and 1"),
+    ("threshold: 0.5\n", ":1:1: unknown key 'threshold' (did you mean 'hit_ratio_threshold'?)"),
     ("hit_ratio_threshold: 0\n", "c.yml:1:1: hit_ratio_threshold must be between 0 and 1"),
     ("tresholds: 0.5\n", "unknown key 'tresholds'"),
-    ("models: {m: {threshold: 0.5, page: false}}\n", "threshold: and/or disabled:"),
+    ("models: {m: {threshold: 0.5, page: false}}\n", "c.yml:1:30: unknown key 'models.m.page'"),
     ("models:\n  m: {threshold: 2}\n", "c.yml:2:3: models.m.threshold must be between"),
     ("cold_start: soon\n", "not a duration"),
-    ("selector: 'job=vllm'\n", "must look like"),
     ("selectors:\n  matchers: 'job=vllm'\n", "c.yml:2:3: matchers"),
     ("cluster_label: model_name\n", "cluster_label must be a label name"),
-    ("windows: [1m, 15m]\n", "windows must keep 5m"),
-    ("diagnosis: {kv_usage_full: 2}\n", "c.yml:1:1: diagnosis.kv_usage_full must be in (0, 1]"),
-    ("diagnosis: {windw: 5m}\n", "unknown diagnosis key 'windw'"),
+    ("warning_window: soon\n", "c.yml:1:1: warning_window: not a duration"),
+    ("diagnosis: {evict_idle_seconds: -1}\n", "c.yml:1:1: diagnosis: min_requests >= 1"),
+    ("diagnosis: {windw: 5m}\n", "c.yml:1:13: unknown key 'diagnosis.windw' (did you mean "
+                                 "'window'?)"),
     ("runbook_url_pattern: https://x/runbooks\n", "needs {anchor}"),
     ("dashboards: {refresh: often}\n", "dashboards.refresh"),
     ("hit_ratio_threshold: [\n", "c.yml:2:1: not valid YAML"),
@@ -195,6 +197,6 @@ def test_threshold_flag_and_out_file(tmp_path: Path) -> None:
 
 
 def test_prom_duration() -> None:
-    assert rules.prom_duration(90) == "1m30s"
-    assert rules.prom_duration(3600 * 2 + 1) == "2h1s"
-    assert rules.prom_duration(0.5) == "500ms"
+    assert mixin_config.prom_duration(90) == "1m30s"
+    assert mixin_config.prom_duration(3600 * 2 + 1) == "2h1s"
+    assert mixin_config.prom_duration(0.5) == "500ms"

@@ -20,6 +20,7 @@ from prefixwatch.core import causes
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
+from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin import rules, stack
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
@@ -91,15 +92,16 @@ class LoopbackStack:
             windows=("1m",),
             # The diagnosis on the same compressed clock as the rules: a cold start that
             # outlasts the run would name cold_start for the whole story.
-            cold_start=rules.prom_duration(parse_duration(causes.COLD_START) * self.time_scale),
-            diagnosis_window=rules.prom_duration(
+            cold_start=mixin_config.prom_duration(
+                parse_duration(causes.COLD_START) * self.time_scale),
+            diagnosis_window=mixin_config.prom_duration(
                 parse_duration(causes.DIAGNOSIS_WINDOW) * self.time_scale)))
         self.exporter.start()
         rules_dir = self.workdir / "rules"
         rules_dir.mkdir(parents=True, exist_ok=True)
         (rules_dir / "prefixwatch.exporter.rules.yml").write_text(
-            rules.render("exporter", rules.RulesConfig(time_scale=self.time_scale)))
-        every = rules.prom_duration(self.interval)
+            rules.render("exporter", mixin_config.MixinConfig(time_scale=self.time_scale)))
+        every = mixin_config.prom_duration(self.interval)
         cfg = stack.prometheus_config(
             f"127.0.0.1:{self.exporter.port}", None, [str(rules_dir / "*.rules.yml")],
             scrape_interval=every, evaluation_interval=every,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from prefixwatch.cli import main
-from prefixwatch.mixin import rules
+from prefixwatch.core import rulenames
 from prefixwatch.report import Request, Written, write_report
 from tests import browser
 from tests.conftest import require_binary
@@ -36,12 +36,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
     try:
         time.sleep(25)
         stack.switch("timestamp-at-top")
-        stack.wait_for(lambda: rules.ALERT_LOW in stack.firing_seen, 60, "the page")
-        time.sleep(5)
+        stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 60, "the page")
+        time.sleep(12)  # a during phase of several rate windows
         stack.switch("static-system-prompt")
         stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 30, "the recovery")
-        time.sleep(8)
-        written = write_report(stack.prom_url, work / "out", Request(started, time.time(), 0.7))
+        time.sleep(15)  # an after phase of several windows
+        written = write_report(stack.prom_url, work / "out", Request(
+            started, time.time(), 0.7, time_scale=stack.time_scale))
     except BaseException:
         stack.stop()
         raise
@@ -52,10 +53,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
 @pytest.mark.integration
 def test_first_firing_within_one_evaluation(run) -> None:
     stack, written, _ = run
-    low = [a for a in written.data.alerts if a.name == rules.ALERT_LOW]
+    low = [a for a in written.data.alerts if a.name == rulenames.ALERT_LOW]
     assert low, written.data.alerts
     assert low[0].severity == "critical"
-    assert abs(low[0].interval.start - stack.firing_seen[rules.ALERT_LOW]) <= EVALUATION
+    assert abs(low[0].interval.start - stack.firing_seen[rulenames.ALERT_LOW]) <= EVALUATION
     assert not low[-1].interval.open, "resolved after the rollback"
     assert low[0].active_since is not None and low[0].active_since < low[0].interval.start
 
@@ -64,10 +65,10 @@ def test_first_firing_within_one_evaluation(run) -> None:
 def test_hit_ratios_match_the_simulator(run) -> None:
     stack, written, _ = run
     phases = {p.phase.name: p for p in written.data.phases}
-    assert set(phases) == {"before", "during", "after"}
+    assert set(phases) == {"before", "during", "after"}, written.data.crossings
     for name, stats in phases.items():
         truth = stack.truth.ratio(stats.phase.start, stats.phase.end)
-        assert stats.hit_ratio == pytest.approx(truth, abs=0.02), name
+        assert stats.hit_ratio == pytest.approx(truth, abs=0.02), (name, stats, truth)
         assert len(stats.per_replica) == 2
     assert phases["before"].hit_ratio > 0.8 > 0.1 > phases["during"].hit_ratio
     assert phases["during"].ttft[0.5] > phases["before"].ttft[0.5]
@@ -83,7 +84,7 @@ def test_writes_html_markdown_and_figures(run) -> None:
                      "figure2-tiers.png", "figure2-tiers.svg"]
     assert written.figures[0].read_bytes().startswith(b"\x89PNG")
     md = written.markdown.read_text()
-    for needle in ("## Timeline", f"{rules.ALERT_LOW} (critical) firing", "resolved",
+    for needle in ("## Timeline", f"{rulenames.ALERT_LOW} (critical) firing", "resolved",
                    "recovered", "| hit ratio, fleet (device) |", "TTFT p95",
                    "recomputed because of the incident", "not available"):
         assert needle in md, needle

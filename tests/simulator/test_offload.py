@@ -12,6 +12,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from prefixwatch.core import families as table
 from prefixwatch.core import tiers
 from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
 from prefixwatch.exporter.pagereader import read_page
@@ -105,20 +106,24 @@ def test_without_offload_the_page_has_no_connector_families() -> None:
 # -- the counters add up -------------------------------------------------------------------------
 
 
+def v1(role: str) -> str:
+    return table.read(role, table.VLLM_V1)
+
+
 def test_counters_add_up_as_vllm_says() -> None:
     engine, metrics = offload_engine()
     cached = run_sequential(engine, evicting_prompts(random.Random(2), 30))
     engine.step()  # the last loads finish
     v = samples(metrics.render().decode())
-    queries = v[(tiers.VLLM_DEVICE_QUERIES, "")]
-    device = v[(tiers.VLLM_DEVICE_HITS, "")]
-    external = v[(tiers.VLLM_EXTERNAL_HITS, "")]
+    queries = v[(v1("queries"), "")]
+    device = v[(v1("hits"), "")]
+    external = v[(v1("ext_hits"), "")]
     assert device > 0 and external > 0
     by_source = {s: v[(tiers.VLLM_CACHED_BY_SOURCE, s)] for s in tiers.VLLM_CACHED_SOURCES}
     assert sum(by_source.values()) == device + external
     assert by_source["host"] == external and by_source["device"] == device
-    assert v[(tiers.VLLM_EXTERNAL_QUERIES, "")] == queries - device
-    assert v[(tiers.VLLM_PROMPT_TOKENS_CACHED, "")] == device + external == sum(cached)
+    assert v[(v1("ext_queries"), "")] == queries - device
+    assert v[(v1("prompt_tokens_cached"), "")] == device + external == sum(cached)
     prompt = {s: v[(tiers.VLLM_PROMPT_BY_SOURCE, s)] for s in tiers.VLLM_PROMPT_SOURCES}
     assert sum(prompt.values()) == queries
     assert prompt["external_kv_transfer"] == external

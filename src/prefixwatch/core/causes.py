@@ -20,7 +20,7 @@ CAUSES: tuple[Cause, ...] = (
     Cause("caching_disabled", "prefix caching is switched off",
           "vllm:cache_config_info says enable_prefix_caching=False."),
     Cause("eviction_pressure", "the KV pool is full and evicts cached prefixes",
-          "KV usage peaked at or above kv_usage_full in the window and requests were preempted, "
+          "KV usage peaked at or above kv_usage_high in the window and requests were preempted, "
           "or requests kept waiting, or (--kv-cache-metrics) cached blocks were evicted after "
           "less than evict_idle_seconds idle; or, with a requests log, the ledger's eviction "
           "part is routing_gap or more of the prompt tokens (without the pool size: a single "
@@ -65,7 +65,9 @@ class DiagnosisThresholds:
     """Every number the diagnosis rules use; overridable under ``diagnosis:`` in the config."""
 
     hit_ratio: float = DEFAULT_HIT_RATIO_THRESHOLD
-    kv_usage_full: float = 0.90
+    #: The KV-usage level of eviction pressure: the top-level ``kv_usage_high`` of either
+    #: config file, the same number the PrefixCacheEvictionPressure alert judges.
+    kv_usage_high: float = 0.90
     evict_idle_seconds: float = 60.0
     short_prompt_share: float = 0.5
     prompt_variance_ratio: float = 10.0

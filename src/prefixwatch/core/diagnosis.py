@@ -155,7 +155,7 @@ def caching_disabled(ev: TargetEvidence) -> bool:
 def metric_pressure(ev: TargetEvidence, th: DiagnosisThresholds) -> bool:
     """The pool is full and something shows it: preemptions, a queue that does not drain, or
     cached blocks evicted soon after their last use."""
-    if ev.kv_peak is None or ev.kv_peak < th.kv_usage_full:
+    if ev.kv_peak is None or ev.kv_peak < th.kv_usage_high:
         return False
     if ev.preemptions is not None and ev.preemptions > 0:
         return True

@@ -35,7 +35,7 @@ HEALTHZ_STALE_INTERVALS = 3
 DEFAULT_WINDOWS: tuple[str, ...] = ("1m", "5m", "15m", "1h")
 LIFETIME_WINDOW = "lifetime"
 TTFT_QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
-#: A model's hit rate below this pages (alerting issue); the dashboards colour against it.
+#: A model's hit rate below this pages; the dashboards colour against it.
 DEFAULT_HIT_RATIO_THRESHOLD = 0.70
 
 # Environment variables the exporter reads when no flag is given.
@@ -45,8 +45,6 @@ ENV_CONFIG = "PREFIXWATCH_CONFIG"
 # --------------------------------------------------------------------------------------------
 # What prefixwatch exposes (no colons: colons are reserved for recording rules)
 # --------------------------------------------------------------------------------------------
-
-PREFIX = "prefixwatch_"
 
 # Label names of our own series.
 L_TARGET = "target"
@@ -89,9 +87,6 @@ OUT_EXT_HITS = OutMetric(
 OUT_PROMPT_TOKENS = OutMetric(
     "prefixwatch_prompt_tokens", "counter",
     "Prompt (prefill) tokens processed.", _SERIES)
-OUT_PROMPT_TOKENS_CACHED = OutMetric(
-    "prefixwatch_prompt_tokens_cached", "counter",
-    "Prompt tokens served from any cache (local and external).", _SERIES)
 OUT_PREEMPTIONS = OutMetric(
     "prefixwatch_preemptions", "counter",
     "Requests preempted because the KV-cache pool was full.", _SERIES)
@@ -101,6 +96,10 @@ OUT_TTFT = OutMetric(
 OUT_PROMPT_LEN = OutMetric(
     "prefixwatch_request_prompt_tokens", "histogram",
     "Prompt length per request, re-exposed with the engine's own buckets.", _SERIES)
+OUT_KV_IDLE_EVICT = OutMetric(
+    "prefixwatch_kv_block_idle_before_evict_seconds", "histogram",
+    "Seconds a cached KV block sat unused before it was evicted (vLLM --kv-cache-metrics), "
+    "re-exposed with the engine's own buckets.", _SERIES)
 OUT_KV_USAGE = OutMetric(
     "prefixwatch_kv_cache_usage_ratio", "gauge",
     "Share of the KV-cache pool in use (1 = full).", _SERIES)
@@ -235,15 +234,13 @@ SCRAPE_ERROR_REASONS: tuple[str, ...] = (
 )
 
 
-# -- Cache tiers (issue 13): every tier that saves a prefill counts ---------------------------
+# -- Cache tiers: every tier that saves a prefill counts -----------------------------------
 
 L_TIER = "tier"
 
-#: The tiered form of OUT_PROMPT_TOKENS_CACHED: the same family name, with a ``tier`` label
-#: (core.tiers.TIERS). It replaces OUT_PROMPT_TOKENS_CACHED when the exporter writes tiers
-#: (the two are never registered together), so ``sum without (tier)`` equals the untiered
-#: series and queries that sum the family keep their meaning.
-OUT_PROMPT_TOKENS_CACHED_BY_TIER = OutMetric(
+#: Cached prompt tokens by the tier that served them (core.tiers.TIERS): ``sum without (tier)``
+#: is every token served from a cache.
+OUT_PROMPT_TOKENS_CACHED = OutMetric(
     "prefixwatch_prompt_tokens_cached", "counter",
     "Prompt tokens served from a cache instead of recomputed, by the tier that served them "
     "(device, host, disk, remote, unknown).", (*_SERIES, L_TIER))
@@ -259,7 +256,7 @@ OUT_FLEET_EFFECTIVE_HIT_RATIO = OutMetric(
     (L_MODEL, L_WINDOW))
 
 
-# -- The hit-rate ledger (issue 14): where every prompt token of the log went -----------------
+# -- The hit-rate ledger: where every prompt token of the log went --------------------------
 
 L_PART = "part"
 OUT_LEDGER_TOKENS = OutMetric(

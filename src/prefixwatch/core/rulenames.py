@@ -13,7 +13,7 @@ ALERT_OUTLIER = "PrefixCacheReplicaOutlier"
 ALERT_EVICTION = "PrefixCacheEvictionPressure"
 ALERT_ABSENT = "PrefixCacheMetricsAbsent"
 ALERT_WATCHDOG = "Watchdog"
-# Cache tiers (issue 13): a second tier that saves nothing, HBM outgrown, offload stores lost.
+# Cache tiers: a second tier that saves nothing, HBM outgrown, offload stores lost.
 ALERT_TIER_IDLE = "PrefixCacheTierIdle"
 ALERT_DEVICE_SHARE = "PrefixCacheDeviceShareLow"
 ALERT_OFFLOAD_FAILURES = "PrefixCacheOffloadFailures"
@@ -85,12 +85,24 @@ def r_lower_tier(level: str, w: str) -> str:
     return f"{level}:prefix_cache_lower_tier_hit_ratio:rate{w}"
 
 
-R_BASELINE = "model_name:prefix_cache_hit_ratio:rate2h_offset1h"
-R_EFFECTIVE_BASELINE = "model_name:prefix_cache_effective_hit_ratio:rate2h_offset1h"
-#: Present per model while a second tier takes data (stores, occupancy, connector lookups).
-R_TIER_ACTIVE = "model_name:prefix_cache_lower_tier_signals:count15m"
-#: Share of the offload connector's store decisions that lost the block.
-R_OFFLOAD_FAILED = "model_name_target:kv_offload_stores_failed:ratio_rate15m"
+def r_baseline(w: str, offset: str, effective: bool = False) -> str:
+    """A model's device (or effective) ratio over ``w`` ending ``offset`` ago: the level a
+    regression is judged against."""
+    kind = "effective_hit_ratio" if effective else "hit_ratio"
+    return f"{MODEL}:prefix_cache_{kind}:rate{w}_offset{offset}"
+
+
+def r_tier_active(w: str) -> str:
+    """Present per model while a second tier takes data (stores, occupancy, connector
+    lookups) over ``w``."""
+    return f"{MODEL}:prefix_cache_lower_tier_signals:count{w}"
+
+
+def r_offload_failed(w: str) -> str:
+    """Share of the offload connector's store decisions over ``w`` that lost the block."""
+    return f"{MODEL_TARGET}:kv_offload_stores_failed:ratio_rate{w}"
+
+
 R_RESETS = "model_name:prefix_cache_queries:resets"
 R_TTFT = "model_name_quantile:time_to_first_token_seconds:rate5m"
 R_TTFT_TARGET = "model_name_target_quantile:time_to_first_token_seconds:rate5m"
@@ -102,7 +114,7 @@ R_WAITING = "model_name_target:requests_waiting:max5m"
 R_SAVED_SHARE = "model_name:prefill_tokens_saved:ratio_rate5m"
 R_ACHIEVABLE = "model_name:prefix_cache_achievable_hit_ratio:max"
 R_MISSED = "model_name:prefill_tokens_achievable_missed:rate5m"
-# The hit-rate ledger (issue 14, the exporter with a request log): prompt tokens per second by
+# The hit-rate ledger (the exporter with a request log): prompt tokens per second by
 # part (achieved, novel, layout, routing, eviction, unexplained), and their shares of the
 # prompt tokens, which sum to 1 per model.
 R_LEDGER_TOKENS = "model_name:prefill_tokens_by_part:rate5m"
@@ -131,13 +143,12 @@ R_KV_LOADED = "model_name_medium:kv_loaded_tokens:rate5m"
 R_KV_STORED = "target_medium:kv_blocks_stored:rate5m"
 R_KV_REMOVED = "target_medium:kv_blocks_removed:rate5m"
 
-#: Windows of the recorded fleet ratios (the alerts read 5m, 15m and the critical path's).
+#: Windows of the recorded fleet ratios (the critical and warning alerts' windows are recorded
+#: whatever a config lists).
 RATIO_WINDOWS = ("1m", "5m", "15m", "1h")
-#: The windows the alerts need besides the critical path's (MixinConfig.critical_windows, always
-#: recorded): a config may add ratio windows, never drop these.
-ALERT_RATIO_WINDOWS = ("5m", "15m")
-#: Windows of the recorded per-replica ratios.
-TARGET_WINDOWS = ("5m", "15m")
+#: The window of the dashboards' and capacity rules' ratios: always recorded, for the fleet and
+#: per replica (MixinConfig.target_windows adds the warning alerts').
+REPLICA_WINDOW = "5m"
 
 DEFAULT_RUNBOOK_URL = "https://github.com/prefixwatch/prefixwatch/blob/main/docs/runbooks.md"
 #: Where an alert's runbook_url points: ``{anchor}`` is the section (lower-case alert name).

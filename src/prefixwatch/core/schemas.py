@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixwatch.core import tiers
+from prefixwatch.core import families, tiers
 
 # --------------------------------------------------------------------------------------------
 # What prefixwatch reads: one schema per engine generation
@@ -13,31 +13,16 @@ from prefixwatch.core import tiers
 
 @dataclass(frozen=True)
 class SourceSchema:
-    """Metric names of one engine generation, by the role they play for prefixwatch.
+    """One engine generation: how to recognise its page and read its labels. What it reads,
+    by role, is the family table's (core/families.py) column for ``schema``.
 
-    Counter names are given as the sample names on the page (with ``_total``).
     ``detect`` is the sample name whose presence identifies the schema.
     """
 
     schema: str
     server: str
     detect: str
-    queries: str | None = None
-    hits: str | None = None
-    ext_queries: str | None = None
-    ext_hits: str | None = None
-    prompt_tokens: str | None = None
-    prompt_tokens_cached: str | None = None
-    preemptions: str | None = None
-    ttft: str | None = None  # histogram family name
-    prompt_len: str | None = None  # histogram family name
-    #: vLLM --kv-cache-metrics: idle time of cached blocks before eviction (histogram).
-    kv_idle_evict: str | None = None
-    kv_usage: str | None = None
-    running: str | None = None
-    waiting: str | None = None
     cache_config_info: str | None = None
-    engine_reported_hit_ratio: str | None = None
     #: SGLang: counters by mode, used when the dedicated counters are missing.
     realtime_tokens: str | None = None
     windows_supported: bool = True
@@ -47,26 +32,21 @@ class SourceSchema:
     #: Labels whose non-zero values repeat the same counter per rank (read rank 0 only).
     rank_labels: tuple[str, ...] = ()
 
-    def counter_roles(self) -> dict[str, str]:
-        """Role -> sample name, for the counters this schema has."""
-        roles = ("queries", "hits", "ext_queries", "ext_hits", "prompt_tokens",
-                 "prompt_tokens_cached", "preemptions")
-        return {r: getattr(self, r) for r in roles if getattr(self, r)}
+    def read(self, role: str) -> str | None:
+        """The sample this generation holds for a role (None: it has none)."""
+        return families.BY_ROLE[role].read_on(self.schema)
 
-    def gauge_roles(self) -> dict[str, str]:
-        roles = ("kv_usage", "running", "waiting", "engine_reported_hit_ratio")
-        return {r: getattr(self, r) for r in roles if getattr(self, r)}
-
-    def histogram_roles(self) -> dict[str, str]:
-        return {r: getattr(self, r) for r in ("ttft", "prompt_len", "kv_idle_evict")
-                if getattr(self, r)}
+    def roles(self, kind: str) -> dict[str, str]:
+        """Role -> sample name, for the roles of one kind (counter, gauge, histogram)."""
+        return {r: families.read(r, self.schema) for r in families.roles(kind, self.schema)}
 
     def sample_names(self) -> frozenset[str]:
         """Every sample name this schema reads: the selective parser keeps only these."""
-        names: set[str] = set(self.counter_roles().values())
-        names |= {n.removesuffix("_total") + "_created" for n in self.counter_roles().values()}
-        names |= set(self.gauge_roles().values())
-        for h in self.histogram_roles().values():
+        counters = self.roles("counter").values()
+        names: set[str] = set(counters)
+        names |= {n.removesuffix("_total") + "_created" for n in counters}
+        names |= set(self.roles("gauge").values())
+        for h in self.roles("histogram").values():
             names |= {h + "_bucket", h + "_sum", h + "_count"}
         for extra in (self.cache_config_info, self.realtime_tokens, self.detect):
             if extra:
@@ -75,72 +55,33 @@ class SourceSchema:
 
 
 VLLM_V1 = SourceSchema(
-    schema="vllm_v1",
+    schema=families.VLLM_V1,
     server="vllm",
-    detect="vllm:prefix_cache_queries_total",
-    queries="vllm:prefix_cache_queries_total",
-    hits="vllm:prefix_cache_hits_total",
-    ext_queries="vllm:external_prefix_cache_queries_total",
-    ext_hits="vllm:external_prefix_cache_hits_total",
-    prompt_tokens="vllm:prompt_tokens_total",
-    prompt_tokens_cached="vllm:prompt_tokens_cached_total",
-    preemptions="vllm:num_preemptions_total",
-    ttft="vllm:time_to_first_token_seconds",
-    prompt_len="vllm:request_prompt_tokens",
-    kv_idle_evict="vllm:kv_block_idle_before_evict_seconds",
-    kv_usage="vllm:kv_cache_usage_perc",
-    running="vllm:num_requests_running",
-    waiting="vllm:num_requests_waiting",
+    detect=families.read("queries", families.VLLM_V1),
     cache_config_info="vllm:cache_config_info",
 )
 
 VLLM_GPU_PREFIX = SourceSchema(
-    schema="vllm_0.9",
+    schema=families.VLLM_09,
     server="vllm",
-    detect="vllm:gpu_prefix_cache_queries_total",
-    queries="vllm:gpu_prefix_cache_queries_total",
-    hits="vllm:gpu_prefix_cache_hits_total",
-    prompt_tokens="vllm:prompt_tokens_total",
-    preemptions="vllm:num_preemptions_total",
-    ttft="vllm:time_to_first_token_seconds",
-    prompt_len="vllm:request_prompt_tokens",
-    kv_usage="vllm:gpu_cache_usage_perc",
-    running="vllm:num_requests_running",
-    waiting="vllm:num_requests_waiting",
+    detect=families.read("queries", families.VLLM_09),
     cache_config_info="vllm:cache_config_info",
     note="vLLM 0.9 to 0.11 names (gpu_prefix_cache_*, gpu_cache_usage_perc)",
 )
 
 VLLM_V0 = SourceSchema(
-    schema="vllm_v0",
+    schema=families.VLLM_V0,
     server="vllm",
-    detect="vllm:gpu_prefix_cache_hit_rate",
-    engine_reported_hit_ratio="vllm:gpu_prefix_cache_hit_rate",
-    prompt_tokens="vllm:prompt_tokens_total",
-    preemptions="vllm:num_preemptions_total",
-    ttft="vllm:time_to_first_token_seconds",
-    prompt_len="vllm:request_prompt_tokens",
-    kv_usage="vllm:gpu_cache_usage_perc",
-    running="vllm:num_requests_running",
-    waiting="vllm:num_requests_waiting",
+    detect=families.read("engine_reported_hit_ratio", families.VLLM_V0),
     cache_config_info="vllm:cache_config_info",
     windows_supported=False,
     note="vLLM V0 only reports a lifetime hit-rate gauge: no window can be derived from it",
 )
 
 SGLANG = SourceSchema(
-    schema="sglang",
+    schema=families.SGLANG,
     server="sglang",
-    detect="sglang:prompt_tokens_total",
-    queries="sglang:prompt_tokens_total",
-    hits="sglang:cached_tokens_total",
-    prompt_tokens="sglang:prompt_tokens_total",
-    prompt_tokens_cached="sglang:cached_tokens_total",
-    ttft="sglang:time_to_first_token_seconds",
-    kv_usage="sglang:token_usage",
-    running="sglang:num_running_reqs",
-    waiting="sglang:num_queue_reqs",
-    engine_reported_hit_ratio="sglang:cache_hit_rate",
+    detect=families.read("prompt_tokens", families.SGLANG),
     realtime_tokens="sglang:realtime_tokens_total",
     engine_labels=("dp_rank",),
     rank_labels=("tp_rank", "pp_rank"),
@@ -161,9 +102,8 @@ CACHE_INFO_ENABLED = "enable_prefix_caching"
 CACHE_INFO_NUM_GPU_BLOCKS = "num_gpu_blocks"
 
 
-
 # --------------------------------------------------------------------------------------------
-# Cache tiers: the families that say which tier served a cached token (issue 13)
+# Cache tiers: the families that say which tier served a cached token
 # --------------------------------------------------------------------------------------------
 
 
@@ -180,7 +120,6 @@ class TierSchema:
     server: str
     cached_by_source: str
     source_label: str
-    prompt_by_source: str | None = None
     fallback_device: str | None = None
     fallback_unknown: str | None = None
     ext_queries: str | None = None
@@ -190,7 +129,7 @@ class TierSchema:
 
     def sample_names(self) -> frozenset[str]:
         """Every sample name this schema reads (with the ``_created`` of each counter)."""
-        counters = [n for n in (self.cached_by_source, self.prompt_by_source,
+        counters = [n for n in (self.cached_by_source,
                                 self.fallback_device, self.fallback_unknown, self.ext_queries,
                                 *self.tier_counters) if n]
         names = set(counters) | {c.removesuffix("_total") + "_created" for c in counters}
@@ -204,10 +143,9 @@ VLLM_TIERS = TierSchema(
     server="vllm",
     cached_by_source=tiers.VLLM_CACHED_BY_SOURCE,
     source_label=tiers.VLLM_SOURCE_LABEL,
-    prompt_by_source=tiers.VLLM_PROMPT_BY_SOURCE,
-    fallback_device=tiers.VLLM_DEVICE_HITS,
-    fallback_unknown=tiers.VLLM_EXTERNAL_HITS,
-    ext_queries=tiers.VLLM_EXTERNAL_QUERIES,
+    fallback_device=families.read("hits", families.VLLM_V1),
+    fallback_unknown=families.read("ext_hits", families.VLLM_V1),
+    ext_queries=families.read("ext_queries", families.VLLM_V1),
     tier_counters=(tiers.VLLM_OFFLOAD_SAVE_OUTCOMES, tiers.VLLM_OFFLOAD_LOAD_BLOCKS),
     tier_gauges=(tiers.VLLM_OFFLOAD_USED_BLOCKS, tiers.VLLM_OFFLOAD_PENDING_STORE_BLOCKS),
     info=tiers.VLLM_OFFLOAD_INFO,

@@ -4,8 +4,9 @@ A ``diagnosis:`` section (the thresholds of ``core.causes.DiagnosisThresholds``,
 the cold start) reads the same in the exporter's ``--config`` file and in the mixin config, and
 the top-level ``hit_ratio_threshold`` and ``cold_start`` of either file are the defaults of its
 ``hit_ratio`` and ``cold_start``: so the threshold that pages and the threshold that diagnoses
-are one number. The top-level ``hit_ratio: effective|device`` says which ratio both judge: the
-effective one (prompt tokens served from any cache tier) or the device pool's alone.
+are one number. The top-level ``kv_usage_high`` is the KV-usage level of both, and the
+top-level ``hit_ratio: effective|device`` says which ratio both judge: the effective one
+(prompt tokens served from any cache tier) or the device pool's alone.
 Pure: the exporter cannot import the mixin, so both import this.
 """
 
@@ -18,9 +19,13 @@ from typing import Any
 from prefixwatch.core.causes import COLD_START, DIAGNOSIS_WINDOW, DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.yamlfile import suggest
 
 #: Top-level keys both config files accept, feeding the diagnosis' defaults.
 THRESHOLD_KEY = "hit_ratio_threshold"
+#: Top-level key: the KV-usage level of eviction pressure, for the alert and the diagnosis
+#: alike (no diagnosis key of its own).
+KV_USAGE_KEY = "kv_usage_high"
 COLD_START_KEY = "cold_start"
 DIAGNOSIS_KEY = "diagnosis"
 #: Top-level key: which hit ratio the threshold judges (alerts and diagnosis alike).
@@ -29,10 +34,15 @@ HIT_RATIO_EFFECTIVE = "effective"
 HIT_RATIO_DEVICE = "device"
 HIT_RATIO_MODES: tuple[str, ...] = (HIT_RATIO_EFFECTIVE, HIT_RATIO_DEVICE)
 DEFAULT_HIT_RATIO_MODE = HIT_RATIO_EFFECTIVE
+#: PrefixCacheHitRateLow (critical) judges two windows, both below the threshold for ``for``;
+#: the report plots the short one, the value the page carries.
+CRITICAL_SHORT_WINDOW = "2m"
+CRITICAL_LONG_WINDOW = "5m"
+CRITICAL_FOR = "1m"
 THRESHOLD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DiagnosisThresholds))
-DIAGNOSIS_KEYS = frozenset({"window", "cold_start", *THRESHOLD_FIELDS})
+DIAGNOSIS_KEYS = frozenset({"window", "cold_start", *THRESHOLD_FIELDS} - {KV_USAGE_KEY})
 #: Thresholds that are shares: in (0, 1].
-_SHARES = ("hit_ratio", "kv_usage_full", "short_prompt_share", "routing_gap", "ttft_rise",
+_SHARES = ("hit_ratio", KV_USAGE_KEY, "short_prompt_share", "routing_gap", "ttft_rise",
            "ttft_fall", "tier_idle_hit_share")
 
 
@@ -46,10 +56,12 @@ class DiagnosisSettings:
     #: Which ratio the hit-ratio threshold judges: ``effective`` (any tier) or ``device``.
     hit_ratio_mode: str = DEFAULT_HIT_RATIO_MODE
 
-    def as_mapping(self) -> dict[str, Any]:
-        """The ``diagnosis:`` section that reads back as these settings (every key given)."""
-        return {"window": self.window, "cold_start": self.cold_start,
-                **asdict(self.thresholds)}
+    def as_config(self) -> dict[str, Any]:
+        """The config-file keys that read back as these settings (every key given)."""
+        section = {k: v for k, v in asdict(self.thresholds).items() if k in DIAGNOSIS_KEYS}
+        return {KV_USAGE_KEY: self.thresholds.kv_usage_high,
+                DIAGNOSIS_KEY: {"window": self.window, "cold_start": self.cold_start,
+                                **section}}
 
 
 def check_share(name: str, value: Any, where: str, *, upper_open: bool = True) -> float:
@@ -113,12 +125,16 @@ def diagnosis_from(config: Mapping[str, Any], where: str) -> DiagnosisSettings:
         section = {}
     if not isinstance(section, Mapping):
         raise ConfigError(f"{where}: diagnosis must be a mapping")
-    unknown = set(section) - DIAGNOSIS_KEYS
+    unknown = sorted(set(section) - DIAGNOSIS_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown diagnosis key {sorted(unknown)[0]!r}")
+        raise ConfigError(f"{where}: unknown key 'diagnosis.{unknown[0]}'"
+                          f"{suggest(unknown[0], DIAGNOSIS_KEYS)}")
     numbers = {k: v for k, v in section.items() if k in THRESHOLD_FIELDS}
     if config.get(THRESHOLD_KEY) is not None and "hit_ratio" not in numbers:
         numbers["hit_ratio"] = check_share(THRESHOLD_KEY, config[THRESHOLD_KEY], where)
+    if config.get(KV_USAGE_KEY) is not None:
+        numbers[KV_USAGE_KEY] = check_share(KV_USAGE_KEY, config[KV_USAGE_KEY], where,
+                                            upper_open=False)
     cold = section.get("cold_start", config.get(COLD_START_KEY))
     window = section.get("window")
     return DiagnosisSettings(

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from prefixwatch.core import families
+
 TIER_DEVICE = "device"
 TIER_HOST = "host"
 TIER_DISK = "disk"
@@ -48,15 +50,6 @@ _VLLM_TIER: dict[str, str] = {
     "external_unspecified": TIER_UNKNOWN,
 }
 
-# vLLM's device counters and the KV-connector ("external") counters. External queries are
-# the tokens the device pool missed (queries - hits); external hits are the part of those a
-# connector supplied.
-VLLM_DEVICE_QUERIES = "vllm:prefix_cache_queries_total"
-VLLM_DEVICE_HITS = "vllm:prefix_cache_hits_total"
-VLLM_EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
-VLLM_EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
-VLLM_PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached_total"
-
 # SimpleCPUOffloadConnector (vllm/v1/simple_kv_offload/metrics.py), labels model_name, engine.
 VLLM_OFFLOAD_SAVE_OUTCOMES = "vllm:simple_kv_offload_save_outcomes_total"
 VLLM_OFFLOAD_LOAD_BLOCKS = "vllm:simple_kv_offload_load_blocks_total"
@@ -69,18 +62,13 @@ VLLM_OFFLOAD_OUTCOME_STORED = "stored"
 VLLM_OFFLOAD_OUTCOMES_SKIPPED: tuple[str, ...] = ("skipped_already_cached", "skipped_in_flight")
 VLLM_OFFLOAD_OUTCOMES_FAILED: tuple[str, ...] = ("dropped_cpu_full", "dropped_request_gone",
                                                  "dropped_null_block", "dropped_not_hashed")
-#: Labels of vllm:simple_kv_offload_info besides model_name and engine, in vLLM's order.
-VLLM_OFFLOAD_INFO_LABELS: tuple[str, ...] = ("backend", "page_cache", "lazy_offload",
-                                             "capacity_blocks")
-#: Some vLLM revisions split load_blocks by ``phase`` (issued|completed); count completed only.
-VLLM_OFFLOAD_LOAD_PHASE_LABEL = "phase"
-VLLM_OFFLOAD_LOAD_PHASE_COMPLETED = "completed"
 
 # --------------------------------------------------------------------------------------------
 # SGLang (python/sglang/srt/observability/metrics_collector.py)
 # --------------------------------------------------------------------------------------------
 
-SGLANG_CACHED_BY_SOURCE = "sglang:cached_tokens_total"
+#: SGLang counts every tier in its cached-tokens counter (the hits role), split by source.
+SGLANG_CACHED_BY_SOURCE = families.read("hits", families.SGLANG)
 SGLANG_SOURCE_LABEL = "cache_source"
 SGLANG_SOURCE_DEVICE = "device"
 SGLANG_SOURCE_HOST = "host"

@@ -13,7 +13,8 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prefixwatch.mixin import alertmanager, rules
+from prefixwatch.core import rulenames
+from prefixwatch.mixin import alertmanager
 
 log = logging.getLogger("prefixwatch.demo")
 
@@ -102,7 +103,7 @@ class NotificationPrinter:
             if not isinstance(alert, dict):
                 continue
             labels = alert.get("labels") or {}
-            if labels.get("alertname") == rules.ALERT_WATCHDOG:
+            if labels.get("alertname") == rulenames.ALERT_WATCHDOG:
                 continue
             key = (str(alert.get("fingerprint")), str(alert.get("status")),
                    str(alert.get("startsAt")))

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from prefixwatch.core import causes, names
+from prefixwatch.core import causes, names, rulenames
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
 from prefixwatch.core.windows import parse_duration
@@ -40,7 +40,8 @@ from prefixwatch.demo.backends import (
 from prefixwatch.demo.pager import NotificationPrinter
 from prefixwatch.exporter.config import TargetConfig, build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
-from prefixwatch.mixin import alertmanager, dashboards, rules
+from prefixwatch.mixin import alertmanager, dashboards
+from prefixwatch.mixin import config as mixin_config
 from prefixwatch.simulator.cli import build_simulation, simulation_args, wait_for_signal
 
 log = logging.getLogger("prefixwatch.demo")
@@ -66,7 +67,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                    help="workload after the switch (default timestamp-at-top)")
     p.add_argument("--switch-at", metavar="DURATION",
                    help=f"when the regression lands, scaled by --time-scale (default "
-                        f"{rules.prom_duration(DEFAULT_SWITCH_AT)}: a minute after the "
+                        f"{mixin_config.prom_duration(DEFAULT_SWITCH_AT)}: a minute after the "
                         f"{causes.COLD_START} cold start)")
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (default 4)")
     p.add_argument("--sim-port", type=int, default=8000,
@@ -202,7 +203,7 @@ def run_demo(args: argparse.Namespace) -> int:
         wait_for_signal(duration)
         interrupted = duration is None or time.monotonic() - began_mono < duration - 0.5
         if backends is not None and (interrupted or args.report_on_exit):
-            _write_report(backends.prometheus_url, began)
+            _write_report(backends.prometheus_url, began, args.time_scale)
     log.info("demo stopped")
     return 0
 
@@ -218,15 +219,16 @@ def _with_kv_events(targets: list[str], sim) -> list:  # noqa: ANN001 - a Simula
             for url, endpoint in zip(targets, endpoints, strict=True)]
 
 
-def _write_report(prometheus: str, began: float) -> None:
-    """The run's incident report (issue 15), before Prometheus stops; never fails the exit."""
+def _write_report(prometheus: str, began: float, time_scale: float) -> None:
+    """The run's incident report, on the rules' clock, before Prometheus stops; never fails
+    the exit."""
     from prefixwatch.core.errors import PrefixwatchError
     from prefixwatch.report import Request, write_report
 
     out = Path.cwd() / time.strftime("prefixwatch-report-%Y%m%d-%H%M%S")
     try:
         written = write_report(prometheus, out, Request(
-            began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD))
+            began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
     except PrefixwatchError as exc:
         log.warning("no incident report: %s", exc)
         return
@@ -252,7 +254,7 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
     lines.append(f"  exporter:      http://{host}:{exporter.port}/  (metrics at /metrics)")
     if backends is not None and printer is not None:
         prom = backends.prometheus_url
-        ratio = quote(rules.r_ratio(rules.MODEL, "1m"))
+        ratio = quote(rulenames.r_ratio(rulenames.MODEL, "1m"))
         lines += [f"  Prometheus:    {prom}{backends.pages['alerts']}",
                   f"  hit rate:      {prom}{backends.pages['graph']}?g0.expr={ratio}&g0.tab=0",
                   f"  Alertmanager:  http://127.0.0.1:{backends.am_port}/#/alerts",

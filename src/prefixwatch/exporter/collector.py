@@ -22,17 +22,19 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from prefixwatch.core import causes, names, tiers
+from prefixwatch.core import causes, families, names, tiers
 from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
 from prefixwatch.core.ledger import ratios as ledger_ratios
 from prefixwatch.core.names import OutMetric
+from prefixwatch.core.schemas import SourceSchema
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
+from prefixwatch.exporter.evidence import served_tokens
 from prefixwatch.exporter.kvevents import KvSource
 from prefixwatch.exporter.kvevents.emit import add_families as add_kv_families
 from prefixwatch.exporter.kvevents.emit import add_ledger_families
-from prefixwatch.exporter.monitor import TargetMonitor
-from prefixwatch.exporter.pagereader import TIER_ROLES
+from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
+from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
 
 
@@ -65,17 +67,22 @@ def _family(metric: OutMetric) -> Metric:
     return GaugeMetricFamily(metric.name, metric.help, labels=names)
 
 
-_COUNTERS = (
-    ("queries", names.OUT_QUERIES), ("hits", names.OUT_HITS),
-    ("ext_queries", names.OUT_EXT_QUERIES), ("ext_hits", names.OUT_EXT_HITS),
-    ("prompt_tokens", names.OUT_PROMPT_TOKENS),
-    ("preemptions", names.OUT_PREEMPTIONS),
-)
-_GAUGES = (
-    ("kv_usage", names.OUT_KV_USAGE), ("running", names.OUT_RUNNING),
-    ("waiting", names.OUT_WAITING),
-)
-_HISTOGRAMS = (("ttft", names.OUT_TTFT), ("prompt_len", names.OUT_PROMPT_LEN))
+def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
+                ) -> list[tuple[list[str], float | Histogram, float | None]]:
+    """(extra label values, value, created) of one family-table row for one series: nothing
+    when the page does not have it."""
+    if row.extra == names.L_TIER:
+        if not all(role in values.counters for role in TIER_ROLES.values()):
+            return []
+        created = values.created.get("hits")
+        return [([tier], values.counters[TIER_ROLES[tier]], created) for tier in tiers.TIERS]
+    found: float | Histogram | None = (values.counters if row.kind == "counter" else
+                                       values.gauges if row.kind == "gauge" else
+                                       values.histograms).get(row.role)
+    if found is None:
+        return []
+    extra = [schema.read(row.role) or ""] if row.extra == names.L_SOURCE else []
+    return [(extra, found, values.created.get(row.role))]
 
 
 class PrefixwatchCollector(Collector):
@@ -116,19 +123,16 @@ class PrefixwatchCollector(Collector):
                        names.OUT_FLEET_EFFECTIVE_HIT_RATIO):
             family(metric)  # always present, even with no data, so dashboards see the names
 
-        fleet: dict[tuple[str, str], list[float]] = {}
+        fleet: dict[tuple[str, str], list[WindowFigures]] = {}
         for mon in self.monitors:
             with mon.lock:
                 self._collect_target(mon, family, fleet)
-        fleet_family = family(names.OUT_FLEET_HIT_RATIO)
-        effective_family = family(names.OUT_FLEET_EFFECTIVE_HIT_RATIO)
-        for (model, window), (queries, hits, *cached) in sorted(fleet.items()):
-            value = ratio(hits, queries)
-            if value is not None:
-                fleet_family.add_metric([model, window], value)
-            value = ratio(cached[0], cached[1]) if cached else None
-            if value is not None:
-                effective_family.add_metric([model, window], value)
+        for (model, window), figures in sorted(fleet.items()):
+            total = WindowFigures.summed(figures)
+            for metric, value in ((names.OUT_FLEET_HIT_RATIO, total.hit_ratio),
+                                  (names.OUT_FLEET_EFFECTIVE_HIT_RATIO, total.effective_ratio)):
+                if value is not None:
+                    family(metric).add_metric([model, window], value)
         if self.state is not None:
             self._collect_diagnosis(family)
         evented: set[str] = set()
@@ -193,15 +197,9 @@ class PrefixwatchCollector(Collector):
             for model in models:
                 achieved = parts.achieved
                 if achieved is None:
-                    hits = []
-                    for mon in self.monitors:
-                        with mon.lock:
-                            figures = mon.models.get(model) if mon.up else None
-                            if figures is not None and window in figures.windows:
-                                hits.append(figures.windows[window].hits)
-                    if not hits or any(math.isnan(h) for h in hits):
-                        continue
-                    achieved = round(sum(hits))
+                    achieved = served_tokens(self.monitors, window, model)
+                if achieved is None:
+                    continue
                 for part, value in ledger_ratios(parts, achieved).items():
                     if part not in unmeasured:
                         shares.add_metric([model, window, part], value)
@@ -227,33 +225,21 @@ class PrefixwatchCollector(Collector):
         for (model, engine), state in sorted(mon.series.items()):
             labels = [t, model, engine, server]
             values = state.values
-            for role, metric in _COUNTERS:
-                if role in values.counters:
-                    family(metric).add_metric(labels, values.counters[role],
-                                              created=values.created.get(role))
-            if all(role in values.counters for role in TIER_ROLES.values()):
-                cached = family(names.OUT_PROMPT_TOKENS_CACHED_BY_TIER)
-                for tier in tiers.TIERS:
-                    cached.add_metric(labels + [tier], values.counters[TIER_ROLES[tier]],
-                                      created=values.created.get("hits"))
-            for role, metric in _GAUGES:
-                if role in values.gauges:
-                    family(metric).add_metric(labels, values.gauges[role])
-            for role, metric in _HISTOGRAMS:
-                hist = values.histograms.get(role)
-                if hist is not None:
-                    buckets = [(floatToGoString(b), c)
-                               for b, c in zip(hist.bounds, hist.counts, strict=True)]
-                    family(metric).add_metric(labels, buckets, hist.sum)
+            for row in families.FAMILIES:
+                for extra, value, created in row_samples(row, values, snap.schema):
+                    if isinstance(value, Histogram):
+                        buckets = [(floatToGoString(b), c)
+                                   for b, c in zip(value.bounds, value.counts, strict=True)]
+                        family(row.out).add_metric(labels, buckets, value.sum)
+                    elif row.kind == "counter":
+                        family(row.out).add_metric(labels + extra, value, created=created)
+                    else:
+                        family(row.out).add_metric(labels + extra, value)
             if values.block_size is not None:
                 family(names.OUT_BLOCK_SIZE).add_metric(labels, float(values.block_size))
             if values.caching_enabled is not None:
                 family(names.OUT_CACHING_ENABLED).add_metric(
                     labels, 1.0 if values.caching_enabled else 0.0)
-            reported = values.gauges.get("engine_reported_hit_ratio")
-            if reported is not None and snap.schema.engine_reported_hit_ratio:
-                family(names.OUT_ENGINE_REPORTED).add_metric(
-                    labels + [snap.schema.engine_reported_hit_ratio], reported)
 
         for model, figures in sorted(mon.models.items()):
             base = [t, model, server]
@@ -268,15 +254,11 @@ class PrefixwatchCollector(Collector):
                 value = wf.hit_ratio
                 if value is not None:
                     family(names.OUT_HIT_RATIO).add_metric(base + [window], value)
-                    slot = fleet.setdefault((model, window), [0.0, 0.0])
-                    slot[0] += wf.queries
-                    slot[1] += wf.hits
-                elif wf.queries == 0:
-                    fleet.setdefault((model, window), [0.0, 0.0])
+                if value is not None or wf.queries == 0:
+                    fleet.setdefault((model, window), []).append(wf)
                 effective = wf.effective_ratio
                 if effective is not None:
                     family(names.OUT_EFFECTIVE_HIT_RATIO).add_metric(base + [window], effective)
-                _add_effective(fleet, (model, window), wf.cached, wf.queries)
                 if wf.seconds > 0 and not math.isnan(wf.hits):
                     family(names.OUT_CACHED_TOKENS_RATE).add_metric(
                         base + [window], wf.hits / wf.seconds)
@@ -287,19 +269,3 @@ class PrefixwatchCollector(Collector):
                     if value is not None:
                         family(names.OUT_TTFT_QUANTILE).add_metric(
                             base + [window, floatToGoString(q)], value)
-
-
-def _add_effective(fleet: dict[tuple[str, str], list[float]], key: tuple[str, str],
-                   cached: float, queries: float) -> None:
-    """Sum one target's cached tokens (every tier) and queries into the fleet's slot, before
-    any division; a target without tiers leaves the fleet's effective ratio undefined."""
-    slot = fleet.get(key)
-    if slot is None:
-        return
-    if math.isnan(cached) or math.isnan(queries):
-        slot[2:] = [math.nan, math.nan]
-        return
-    if len(slot) == 2:
-        slot.extend([0.0, 0.0])
-    slot[2] += cached
-    slot[3] += queries

@@ -1,6 +1,8 @@
 """Exporter configuration: flags, a YAML file, or an environment variable, in that order.
 
 Everything has a default that works next to a vLLM on localhost with no configuration at all.
+The file is read as the mixin's is (core/yamlfile.py): errors name file:line:column and the
+key's path, an unknown key the closest valid one.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from prefixwatch.core import causes, names, settings
 from prefixwatch.core.causes import DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
-from prefixwatch.core.yamlfile import load_mapping
+from prefixwatch.core.yamlfile import ConfigFile
 from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
 
 
@@ -66,7 +68,6 @@ class ExporterConfig:
     kv_events_listen: str | None = None
     #: Listen mode: topic -> target name (besides each target's own kv_events_topic).
     kv_events_topics: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def window_seconds(self) -> dict[str, float]:
@@ -156,22 +157,13 @@ _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint"
              "target_defaults", "requests_log", "web_config_file", "kv_events_listen",
              "kv_events_topics",
              settings.DIAGNOSIS_KEY, settings.THRESHOLD_KEY, settings.COLD_START_KEY,
+             settings.KV_USAGE_KEY,
              settings.HIT_RATIO_KEY}
 _REQUESTS_LOG_KEYS = set(RequestsLogConfig.__dataclass_fields__)
 
 
-def _diagnosis_from(data: dict[str, Any], where: str) -> tuple[str, str, DiagnosisThresholds]:
-    """The diagnosis settings of the file: the same keys and checks as the mixin config's
-    (``core.settings``: top-level hit_ratio_threshold and cold_start, a diagnosis: section)."""
-    found = settings.diagnosis_from(data, where)
-    return found.window, found.cold_start, found.thresholds
-
-
 def requests_log_from(data: dict[str, Any], where: str) -> RequestsLogConfig:
     """The requests_log section (or the flags, given as the same keys)."""
-    unknown = set(data) - _REQUESTS_LOG_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown requests_log key {sorted(unknown)[0]!r}")
     if not data.get("path"):
         raise ConfigError(f"{where}: requests_log needs a path")
     try:
@@ -193,9 +185,6 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
         entry = {"url": entry}
     if not isinstance(entry, dict) or "url" not in entry:
         raise ConfigError(f"{where}: each target needs a url")
-    unknown = set(entry) - _TARGET_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown target key {sorted(unknown)[0]!r}")
     merged = {**defaults, **entry}
     try:
         target = TargetConfig(
@@ -222,12 +211,22 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
     return target
 
 
-def load_file(path: str) -> dict[str, Any]:
-    data = load_mapping(path)  # file:line:column on bad YAML (core/yamlfile.py)
-    unknown = set(data) - _TOP_KEYS
-    if unknown:
-        raise ConfigError(f"config file {path!r}: unknown key {sorted(unknown)[0]!r}")
-    return data
+def load_file(path: str | None) -> ConfigFile:
+    """The config file, every key checked against the ones its section takes."""
+    cf = ConfigFile.load(path) if path else ConfigFile({})
+    data = cf.data
+    cf.check_keys(data, _TOP_KEYS)
+    for key, allowed in (("target_defaults", _TARGET_KEYS - {"url", "name"}),
+                         ("requests_log", _REQUESTS_LOG_KEYS),
+                         (settings.DIAGNOSIS_KEY, settings.DIAGNOSIS_KEYS)):
+        if data.get(key) is not None:
+            if not isinstance(data[key], dict):
+                raise ConfigError(f"{cf.where(key)}: {key} must be a mapping")
+            cf.check_keys(data[key], allowed, key)
+    for i, entry in enumerate(data.get("targets") or []):
+        if isinstance(entry, dict):
+            cf.check_keys(entry, _TARGET_KEYS, "targets", str(i))
+    return cf
 
 
 def build_config(
@@ -254,7 +253,8 @@ def build_config(
     """Flags win over the file, the file over the environment, the environment over defaults."""
     env = os.environ if environ is None else environ
     config_file = config_file or env.get(names.ENV_CONFIG) or None
-    data = load_file(config_file) if config_file else {}
+    cf = load_file(config_file)
+    data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
     for key, value in (("timeout", timeout), ("bearer_token_file", bearer_token_file),
                        ("ca_file", ca_file), ("max_body_bytes", max_body_bytes)):
@@ -269,18 +269,17 @@ def build_config(
             defaults[key] = value
 
     if targets:
+        places = ["--target"] * len(targets)
         entries: list[Any] = list(targets)
-        where = "--target"
     elif data.get("targets"):
         entries = list(data["targets"])
-        where = f"config file {config_file!r}"
+        places = [cf.where("targets", str(i)) for i in range(len(entries))]
     elif env.get(names.ENV_TARGETS, "").strip():
         entries = [u.strip() for u in env[names.ENV_TARGETS].split(",") if u.strip()]
-        where = names.ENV_TARGETS
+        places = [names.ENV_TARGETS] * len(entries)
     else:
-        entries = [names.DEFAULT_TARGET]
-        where = "default target"
-    target_list = [_target_from(e, defaults, where) for e in entries]
+        entries, places = [names.DEFAULT_TARGET], ["default target"]
+    target_list = [_target_from(e, defaults, at) for e, at in zip(entries, places, strict=True)]
     if kv_events:
         if len(target_list) != 1:
             raise ConfigError("--kv-events is for one target (the sidecar); with several, "
@@ -289,20 +288,21 @@ def build_config(
                                  kv_events=validate_zmq_endpoint(kv_events, "--kv-events"))
     listen = data.get("kv_events_listen")
     if listen is not None:
-        listen = validate_zmq_endpoint(listen, f"config file {config_file!r}")
+        listen = validate_zmq_endpoint(listen, cf.where("kv_events_listen"))
     topics = data.get("kv_events_topics") or {}
     if not isinstance(topics, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in topics.items()):
-        raise ConfigError(f"config file {config_file!r}: kv_events_topics must map topics to "
-                          "target names")
-    file_window, file_cold, thresholds = _diagnosis_from(data, f"config file {config_file!r}")
-    log_data: dict[str, Any] = {}
-    if data.get("requests_log") is not None:
-        if not isinstance(data["requests_log"], dict):
-            raise ConfigError(f"config file {config_file!r}: requests_log must be a mapping")
-        log_data.update(data["requests_log"])
-    log_data.update({k: v for k, v in (requests_log or {}).items() if v is not None})
-    log_cfg = requests_log_from(log_data, "--requests-log") if log_data else None
+        raise ConfigError(f"{cf.where('kv_events_topics')}: kv_events_topics must map topics "
+                          "to target names")
+    found = settings.diagnosis_from(data, cf.where(settings.DIAGNOSIS_KEY))
+    log_data: dict[str, Any] = dict(data.get("requests_log") or {})
+    flags = {k: v for k, v in (requests_log or {}).items() if v is not None}
+    unknown = set(flags) - _REQUESTS_LOG_KEYS
+    if unknown:
+        raise ConfigError(f"unknown requests_log key {sorted(unknown)[0]!r}")
+    log_data.update(flags)
+    log_cfg = requests_log_from(log_data, flags and "--requests-log" or cf.where(
+        "requests_log")) if log_data else None
 
     try:
         cfg = ExporterConfig(
@@ -313,11 +313,10 @@ def build_config(
                                or names.DEFAULT_LISTEN_ADDRESS),
             windows=tuple(windows or data.get("windows") or names.DEFAULT_WINDOWS),
             otlp_endpoint=otlp_endpoint or data.get("otlp_endpoint"),
-            diagnosis_window=diagnosis_window or file_window or causes.DIAGNOSIS_WINDOW,
-            cold_start=cold_start or file_cold or causes.COLD_START,
-            thresholds=thresholds,
-            hit_ratio_mode=settings.check_hit_ratio_mode(
-                data.get(settings.HIT_RATIO_KEY), f"config file {config_file!r}"),
+            diagnosis_window=diagnosis_window or found.window,
+            cold_start=cold_start or found.cold_start,
+            thresholds=found.thresholds,
+            hit_ratio_mode=found.hit_ratio_mode,
             requests_log=log_cfg,
             web_config_file=web_config_file or data.get("web_config_file") or None,
             kv_events_listen=listen,
@@ -325,23 +324,32 @@ def build_config(
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
+
+    def at(key: str, flag: object, name: str = "") -> str:
+        """Where a value came from: its flag, or its place in the file."""
+        return (name or f"--{key.replace('_', '-')}") if flag else cf.where(key)
+
     if cfg.interval <= 0:
-        raise ConfigError("interval must be positive")
-    cfg.listen_host_port  # noqa: B018 - validates
+        raise ConfigError(f"{at('interval', interval is not None)}: interval must be positive")
     try:
-        seconds = cfg.window_seconds
+        split_host_port(cfg.listen_address)
+    except ConfigError as exc:
+        raise ConfigError(f"{at('listen_address', listen_address)}: {exc}") from None
+    try:
+        cfg.window_seconds  # noqa: B018 - validates ('lifetime' is no duration: always added)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+        raise ConfigError(f"{at('windows', windows, '--window')}: {exc}") from exc
     for name, value in (("diagnosis window", cfg.diagnosis_window),
                         ("cold start", cfg.cold_start)):
         try:
             parse_duration(value)
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from exc
-    if names.LIFETIME_WINDOW in seconds:
-        raise ConfigError("'lifetime' is always exported; do not list it as a window")
     if cfg.otlp_endpoint:
-        validate_url(cfg.otlp_endpoint)
+        try:
+            validate_url(cfg.otlp_endpoint)
+        except ConfigError as exc:
+            raise ConfigError(f"{at('otlp_endpoint', otlp_endpoint)}: {exc}") from None
     known = {t.name for t in cfg.targets}
     for topic, name in cfg.kv_events_topics.items():
         if name not in known:

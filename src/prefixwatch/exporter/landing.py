@@ -1,18 +1,26 @@
-"""The landing page at `/`: one HTML table of targets, their state, ratios and diagnosis.
+"""The landing page at `/`: the targets, their ratios and diagnosis, the tiers, the ledger and
+each model's charts (exporter/charts.py draws them), in one HTML page that fits 1280 pixels.
 
-Kept apart from the HTTP server so the page can grow (charts) without touching the serving code.
+Kept apart from the HTTP server so the page can grow without touching the serving code.
 """
 
 from __future__ import annotations
 
 import html
+import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
+from prefixwatch.core import settings
 from prefixwatch.core.ledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
-from prefixwatch.exporter.charts import charts_section
+from prefixwatch.core.windows import SeriesHistory
+from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
+from prefixwatch.exporter.charts import Chart, ChartCache
+from prefixwatch.exporter.evidence import served_tokens
+from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, tier_shares
 
 if TYPE_CHECKING:
@@ -47,11 +55,12 @@ def render_landing(exporter: Exporter) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
         "<meta http-equiv='refresh' content='15'>"
-        "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:left}" + CSS +
+        "<style>body{font-family:sans-serif;max-width:1264px}td,th{padding:2px 10px;"
+        "text-align:left}" + CSS +
         "</style>"
         f"</head><body><h1>prefixwatch {__version__}</h1>"
         "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
-        "<table><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
+        "<table class='targets'><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
         "<th>hit ratio (device, effective)</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
         + tier_section(exporter, window) + kv_section(exporter)
@@ -106,14 +115,7 @@ def ledger_section(exporter: Exporter, window: str | None) -> str:
         return "<p>Ledger: no logged request in the window yet.</p>"
     achieved = parts.achieved
     if achieved is None:
-        hits = []
-        for mon in exporter.monitors:
-            with mon.lock:
-                for figures in mon.models.values():
-                    wf = figures.windows.get(window or "")
-                    if mon.up and wf is not None and wf.hits == wf.hits:  # not NaN
-                        hits.append(wf.hits)
-        achieved = round(sum(hits)) if hits else None
+        achieved = served_tokens(exporter.monitors, window or "")
     lines = ledger_table(parts, achieved, unmeasured)
     return (f"<h2>Where the prompt tokens went ({html.escape(str(window))}, "
             "docs/runbooks.md#the-hit-rate-ledger)</h2><pre>"
@@ -165,8 +167,129 @@ def event_ledger_section(exporter: Exporter, window: str | None) -> str:
     return "".join(out)
 
 
-#: The charts' cards (exporter/charts.py), laid out to fill a 1280-pixel window.
-CSS = (".cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;padding:6px;"
+# -- the charts of each model: the fleet, then each target, with its diagnosis -------------
+
+_CACHES: weakref.WeakKeyDictionary[Exporter, ChartCache] = weakref.WeakKeyDictionary()
+_CACHES_LOCK = threading.Lock()
+
+
+def _served(exporter: Exporter) -> str:
+    """The counter role the charts draw the share of: the ratio the threshold judges."""
+    effective = exporter.config.hit_ratio_mode == settings.HIT_RATIO_EFFECTIVE
+    return CACHED if effective else "hits"
+
+
+def _cache_of(exporter: Exporter) -> ChartCache:
+    with _CACHES_LOCK:
+        cache = _CACHES.get(exporter)
+        if cache is None:
+            cache = _CACHES[exporter] = ChartCache(_served(exporter))
+        return cache
+
+
+# -- the section --------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
+
+
+def _pct(value: float | None) -> str:
+    return "no traffic" if value is None else f"{value:.1%}"
+
+
+def charts_section(exporter: Exporter, now: float, cached: bool = True) -> str:
+    """The landing page's charts: each model's fleet, then each target's, with its diagnosis.
+    ``cached=False`` draws everything from scratch (the reference the cache must match)."""
+    threshold = exporter.config.thresholds.hit_ratio
+    cache = _cache_of(exporter)
+    with cache.lock:
+        return _section(exporter, now, threshold, cache if cached else None)
+
+
+def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache | None) -> str:
+    latest = max((m.last_success for m in exporter.monitors if m.last_success == m.last_success),
+                 default=now)
+    oldest = latest
+    plan: tuple[tuple[float, float], ...] = ()
+    for mon in exporter.monitors:
+        with mon.lock:
+            for state in mon.series.values():
+                if state.history is not None:
+                    held = state.history.held(-1)
+                    plan = plan or state.history.tier_plan()
+                    if held is not None:
+                        oldest = min(oldest, held[0])
+    width = choose_width(plan, latest - oldest) if plan else SPAN_SECONDS / BINS
+    if cache is not None and cache.width != width:
+        cache.entries.clear()
+        cache.width = width
+    seen: set[tuple[str, str]] = set()
+    per_target: list[tuple[str, str, Chart]] = []
+    fleet: dict[str, Binned] = {}
+    for mon in exporter.monitors:
+        with mon.lock:
+            if not mon.up:
+                continue
+            by_model: dict[str, list[SeriesHistory]] = {}
+            for (model, _engine), state in mon.series.items():
+                if state.history is not None:
+                    by_model.setdefault(model, []).append(state.history)
+            if cache is None:
+                charts = {m: Chart.of(bin_history(h, latest, width, _served(exporter)))
+                          for m, h in by_model.items()}
+            else:
+                charts = {m: cache.chart((mon.name, m), h, latest, width)
+                          for m, h in by_model.items()}
+                seen.update((mon.name, m) for m in by_model)
+        for model, chart in sorted(charts.items()):
+            per_target.append((mon.name, model, chart))
+            b = chart.binned
+            if model in fleet:
+                fleet[model].add(b)
+            else:
+                fleet[model] = Binned(b.start, b.end, b.rows.copy(), b.ttft_bounds)
+    if cache is not None:
+        for key in set(cache.entries) - seen:
+            del cache.entries[key]
+    with exporter.state.lock:
+        active = {key: exporter.state.diagnosis.active(*key)
+                  for key in exporter.state.diagnosis.causes}
+    ratio = "effective hit ratio" if _served(exporter) == CACHED else "device hit ratio"
+    out = [f'<h2>Hit ratio over time</h2><p class="legend"><span style="color:#08519c">&#9644; '
+           f'{ratio}</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
+           f'{threshold:.0%}</span> &middot; <span style="color:#f16913">&#9644; TTFT p50'
+           f"</span> (own scale) &middot; the last {_duration(width * BINS)}, one point per "
+           f"{_duration(width)}; the page refreshes itself every 15 s</p>"]
+    for model, b in sorted(fleet.items()):
+        causes = sorted({c for (t, m), cs in active.items() if m == model for c in cs})
+        out.append(_card("fleet", model, Chart.of(b), threshold, causes, fleet=True))
+    out.append('<div class="cards">')
+    for target, model, chart in per_target:
+        out.append(_card(target, model, chart, threshold, active.get((target, model), [])))
+    out.append("</div>")
+    return "".join(out)
+
+
+def _card(target: str, model: str, chart: Chart, threshold: float, causes: list[str],
+          fleet: bool = False) -> str:
+    esc = html.escape
+    now = chart.current()
+    low = now is not None and now < threshold
+    title = f"{'fleet' if fleet else target}: {model}"
+    diagnosis = ", ".join(causes) if causes else "no cause holds"
+    return (f'<div class="card{" fleet" if fleet else ""}"><div class="head">'
+            f"<b>{esc(target)}</b> &middot; {esc(model)} &middot; "
+            f'<span class="{"low" if low else "ok"}">{_pct(now)}</span></div>'
+            f"{chart.svg(threshold, title)}"
+            f'<div class="diag">diagnosis: {esc(diagnosis)}</div></div>')
+
+
+#: The charts' cards (exporter/charts.py), laid out to fill a 1280-pixel window; a long URL or
+#: error wraps inside its column rather than widening the page.
+CSS = ("table{max-width:100%}.targets td:nth-child(2),.targets td:last-child{max-width:300px;"
+       "word-break:break-all}"
+       ".cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;padding:6px;"
        "width:362px;font-size:13px}.card.fleet{display:inline-block;margin:0 10px 10px 0}"
        ".card .head{margin-bottom:4px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}"
        ".low{color:#d62728;font-weight:bold}.ok{color:#2ca02c;font-weight:bold}"

@@ -2,9 +2,8 @@
 
 A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
 in ``scrape_errors``, and logged once when the state changes (not on every poll).
-
-Why it is over 400 lines: polling, the reset-safe history and the window figures of one
-target share one lock and one state; the window math itself lives in core/windows.py.
+The window math lives in core/windows.py; what the diagnosis needs of a target is read from
+this state by exporter/evidence.py.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names, tiers
-from prefixwatch.core.diagnosis import TargetEvidence
+from prefixwatch.core import families, names, tiers
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import (
     Layout,
@@ -31,10 +29,9 @@ from prefixwatch.core.windows import (
 )
 from prefixwatch.exporter.config import TargetConfig
 from prefixwatch.exporter.pagereader import (
-    TIER_CONFIGURED,
+    CACHED,
     TIER_ROLES,
     TIER_STORES,
-    TIER_USED,
     LabelCache,
     PageError,
     PageLimits,
@@ -47,10 +44,11 @@ from prefixwatch.exporter.scrape import Fetcher
 
 log = logging.getLogger("prefixwatch.exporter")
 
-COUNTER_ROLES: tuple[str, ...] = ("queries", "hits", "ext_queries", "ext_hits",
-                                  "prompt_tokens", "prompt_tokens_cached", "preemptions",
-                                  *TIER_ROLES.values(), TIER_STORES)
-HISTOGRAM_ROLES: tuple[str, ...] = ("ttft", "prompt_len", "kv_idle_evict")
+#: The history keeps every counter role of the family table, each tier's cached tokens and the
+#: second tier's stores, then the histograms' buckets.
+COUNTER_ROLES: tuple[str, ...] = (*families.roles("counter"), *TIER_ROLES.values(), CACHED,
+                                  TIER_STORES)
+HISTOGRAM_ROLES: tuple[str, ...] = families.roles("histogram")
 
 
 @dataclass
@@ -78,6 +76,15 @@ class WindowFigures:
     def effective_ratio(self) -> float | None:
         """Share of the prompt tokens that looked up the cache served from any tier."""
         return ratio(self.cached, self.queries)
+
+    @classmethod
+    def summed(cls, figures: Sequence[WindowFigures]) -> WindowFigures:
+        """Several targets' figures of one window summed before any division (the fleet's);
+        a target without tiers leaves the sum without tiers."""
+        tiers_ = ({t: sum(f.tiers[t] for f in figures) for t in tiers.TIERS}
+                  if figures and all(f.tiers for f in figures) else {})
+        return cls(max((f.seconds for f in figures), default=0.0),
+                   sum(f.queries for f in figures), sum(f.hits for f in figures), tiers=tiers_)
 
     def ttft_quantile(self, q: float) -> float | None:
         if self.ttft_buckets is None:
@@ -167,12 +174,6 @@ class TargetMonitor:
         self.limit_note = ""
         #: time.monotonic() when the last poll ended, whatever its outcome (for /healthz).
         self.last_polled: float | None = None
-
-    def close(self) -> None:
-        """Release the target's HTTP connections."""
-        if self._fetcher is not None:
-            self._fetcher.close()
-            self._fetcher = None
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -332,7 +333,7 @@ def window_figures(states: list[SeriesState], now: float, seconds: float) -> Win
     if summed is None:
         return None
     layout, covered, total = summed
-    ttft = _hist_delta(layout, total, "ttft")
+    ttft = hist_delta(layout, total, "ttft")
     return WindowFigures(covered, total[layout.offset_of("queries")],
                          total[layout.offset_of("hits")], ttft[:2] if ttft else None,
                          tier_sum([{r: total[layout.offset_of(r)] for r in TIER_ROLES.values()}]))
@@ -351,7 +352,7 @@ def tier_sum(counters: Sequence[dict[str, float]]) -> dict[str, float]:
     return out if counters else {}
 
 
-def _hist_delta(layout: Layout, delta: Sequence[float], role: str
+def hist_delta(layout: Layout, delta: Sequence[float], role: str
                 ) -> tuple[tuple[float, ...], list[float], float] | None:
     """(bounds, cumulative counts, sum) of one histogram role inside a delta vector; None when
     the role is absent or any of its buckets is unknown."""
@@ -394,92 +395,3 @@ def summed_delta(states: list[SeriesState], now: float, window: float, older: fl
     if total is None or layout is None:
         return None
     return layout, covered, total
-
-
-def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
-    """What the diagnosis needs of each model on one target (call with ``mon.lock`` held)."""
-    by_model: dict[str, list[SeriesState]] = {}
-    for (model, _engine), state in mon.series.items():
-        by_model.setdefault(model, []).append(state)
-    out: dict[str, TargetEvidence] = {}
-    for model, states in by_model.items():
-        ev = TargetEvidence()
-        enabled = [s.values.caching_enabled for s in states if s.values.caching_enabled is not None]
-        ev.caching_enabled = all(enabled) if enabled else None
-        sizes = {s.values.block_size for s in states if s.values.block_size}
-        ev.block_size = sizes.pop() if len(sizes) == 1 else None
-        # The engine's own start time (the counters' _created) where it says it; else the
-        # time the exporter saw its counters reset.
-        starts = []
-        for key, state in mon.series.items():
-            if key[0] != model:
-                continue
-            created = state.values.created.get("queries")
-            start = created if created is not None else mon._last_reset.get(key)
-            if start is not None:
-                starts.append(start)
-        last_start = max(starts, default=None)
-        if last_start is not None:
-            ev.seconds_since_start = now - last_start
-        current = summed_delta(states, now, window)
-        if current is not None:
-            layout, _, vec = current
-            ev.queries = vec[layout.offset_of("queries")]
-            ev.hits = vec[layout.offset_of("hits")]
-            _tier_evidence(ev, layout, vec)
-            pre = vec[layout.offset_of("preemptions")]
-            ev.preemptions = None if math.isnan(pre) else pre
-            prompt = _hist_delta(layout, vec, "prompt_len")
-            if prompt is not None:
-                ev.prompt_len = (prompt[0], prompt[1])
-            ttft = _hist_delta(layout, vec, "ttft")
-            if ttft is not None:
-                ev.ttft_requests = ttft[1][-1]
-                ev.ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
-            idle = _hist_delta(layout, vec, "kv_idle_evict")
-            if idle is not None:
-                ev.evicted_blocks = idle[1][-1]
-                ev.evict_idle_median = histogram_quantile(0.5, idle[0], idle[1])
-        previous = summed_delta(states, now, window, older=window)
-        if previous is not None:
-            layout, _, vec = previous
-            ev.prev_queries = vec[layout.offset_of("queries")]
-            ev.prev_hits = vec[layout.offset_of("hits")]
-            ttft = _hist_delta(layout, vec, "ttft")
-            if ttft is not None:
-                ev.prev_ttft_requests = ttft[1][-1]
-                ev.prev_ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
-        if any(TIER_CONFIGURED in s.values.gauges for s in states):
-            ev.tier_configured = True
-        used = [s.values.gauges[TIER_USED] for s in states if TIER_USED in s.values.gauges]
-        if used:
-            ev.tier_used = sum(used)
-        ring = [g for g in mon._gauges.get(model, ()) if g[0] >= now - window - 1e-9]
-        usage = [u for _, u, _ in ring if not math.isnan(u)]
-        waiting = [w for _, _, w in ring if not math.isnan(w)]
-        if usage:
-            ev.kv_peak = max(usage)
-        if waiting:
-            ev.waiting_first, ev.waiting_last = waiting[0], waiting[-1]
-            ev.waiting_mean = sum(waiting) / len(waiting)
-        for attr in ("queries", "hits", "prev_queries", "prev_hits"):
-            if math.isnan(getattr(ev, attr)):
-                setattr(ev, attr, 0.0)
-        out[model] = ev
-    return out
-
-
-def _tier_evidence(ev: TargetEvidence, layout: Layout, vec: Sequence[float]) -> None:
-    """The window's cached tokens of every tier, the second tier's stores, and whether a KV
-    connector was asked for the device's misses (vLLM counts external queries only then)."""
-    by_tier = tier_sum([{r: vec[layout.offset_of(r)] for r in TIER_ROLES.values()}])
-    if by_tier:
-        ev.tiers = by_tier
-    stores = vec[layout.offset_of(TIER_STORES)]
-    if not math.isnan(stores):
-        ev.tier_stores = stores
-    ext = vec[layout.offset_of("ext_queries")]
-    if not math.isnan(ext):
-        ev.tier_asked = ext
-        if ext > 0:
-            ev.tier_configured = True

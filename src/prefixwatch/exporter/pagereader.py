@@ -1,12 +1,10 @@
 """Read an engine's /metrics page into the few numbers prefixwatch needs.
 
-A vLLM page holds about 90 families; prefixwatch reads about a dozen. Parsing the whole page
-with client_python costs ~9 ms, so the page is first cut down to the lines of the wanted
-families (a cheap string scan), and only those lines go through client_python's parser. The
-parser itself is never re-implemented here.
-
-Why it is over 400 lines: the selective parser, its limits (series, models, buckets, label
-length) and the tier reading are one pass over the page, kept together for speed.
+A vLLM page holds about 90 families; prefixwatch reads about a dozen (core/families.py).
+Parsing the whole page with client_python costs ~9 ms, so the page is first cut down to the
+lines of the wanted samples (a string scan). Each kept line is split here into name, label
+block and value; label blocks go through client_python's parser, memoised per block, so
+label escaping is never re-implemented.
 """
 
 from __future__ import annotations
@@ -14,30 +12,33 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from prefixwatch.core import names, schemas, tiers
 from prefixwatch.core.schemas import SourceSchema, TierSchema
-
-SeriesKey = tuple[str, str]  # (model_name, engine)
+from prefixwatch.exporter.pagescan import (
+    SHARED_LABELS,
+    Admission,
+    LabelCache,
+    PageError,
+    PageLimits,
+    SeriesKey,
+    check_counter,
+    detect_schema,
+    histogram_of,
+    parse_value,
+    quick_model,
+    select_samples,
+)
 
 #: Counter role of the cached prompt tokens one tier served ("cached_device", ...).
 TIER_ROLES: dict[str, str] = {tier: f"cached_{tier}" for tier in tiers.TIERS}
+#: Counter role of the cached prompt tokens of every tier (what the effective ratio counts).
+CACHED = "cached"
 #: Counter role of the blocks/tokens stored into the second tier (vLLM stored saves, SGLang
 #: host backups); gauge role of what the second tier holds; cached-token role of SGLang's
 #: sources that the engine counts as its own (device) hits.
 TIER_STORES = "tier_stores"
 TIER_USED = "tier_used"
 TIER_CONFIGURED = "tier_configured"
-
-
-class PageError(Exception):
-    """The page cannot be trusted; ``reason`` is one of names.SCRAPE_ERROR_REASONS."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -85,122 +86,6 @@ class Snapshot:
     dropped: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class PageLimits:
-    """How much of one page the exporter takes; the rest is dropped and counted."""
-
-    max_series: int = names.DEFAULT_MAX_SERIES
-    max_models: int = names.DEFAULT_MAX_MODELS
-    max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
-    max_buckets: int = names.DEFAULT_MAX_BUCKETS
-
-    @property
-    def max_block(self) -> int:
-        """A label block longer than this cannot hold only short values (vLLM's have a
-        handful of labels); it is dropped unparsed, so a 3 MiB label costs a len()."""
-        return 16 * self.max_label_length + 256
-
-
-class _Admission:
-    """Which (model, engine) series of a page are kept under the limits, in page order."""
-
-    def __init__(self, limits: PageLimits) -> None:
-        self.limits = limits
-        self.keys: set[SeriesKey] = set()
-        self.models: set[str] = set()
-        self.rejected: set[SeriesKey] = set()
-        self.dropped: dict[str, int] = {}
-
-    def model_full(self, model: str) -> bool:
-        return model not in self.models and len(self.models) >= self.limits.max_models
-
-    def admit(self, key: SeriesKey) -> bool:
-        if key in self.keys:
-            return True
-        if key in self.rejected:
-            return False
-        if len(self.keys) >= self.limits.max_series or self.model_full(key[0]):
-            self.rejected.add(key)
-            self.drop("too_many_series")
-            return False
-        self.keys.add(key)
-        self.models.add(key[0])
-        return True
-
-    def drop(self, reason: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-
-def detect_schema(text: str) -> SourceSchema | None:
-    """The first schema whose identifying sample starts a line of the page."""
-    for schema in schemas.SCHEMAS:
-        name = schema.detect
-        for sep in ("{", " "):
-            probe = name + sep
-            if text.startswith(probe) or ("\n" + probe) in text:
-                return schema
-    return None
-
-
-def select_samples(text: str, sample_names: frozenset[str]) -> list[tuple[str, str, str]]:
-    """The (name, label block, rest of line) of each wanted sample line; comments dropped."""
-    kept: list[tuple[str, str, str]] = []
-    append = kept.append
-    for line in text.split("\n"):
-        if not line or line[0] == "#":
-            continue
-        brace = line.find("{")
-        if brace < 0:
-            space = line.find(" ")
-            if line[:space] in sample_names:
-                append((line[:space], "", line[space:]))
-            continue
-        name = line[:brace]
-        if name in sample_names:
-            close = line.rfind("}")
-            if close < brace:
-                raise PageError("parse", f"unterminated label set: {line[:120]!r}")
-            append((name, line[brace:close + 1], line[close + 1:]))
-    return kept
-
-
-class LabelCache:
-    """Label blocks parsed by client_python, memoised: a target's label blocks repeat on
-    every poll, so after the first poll a sample costs a dict look-up and a float()."""
-
-    def __init__(self, max_entries: int = 20000) -> None:
-        self._parsed: dict[str, dict[str, str]] = {}
-        self._max = max_entries
-
-    def parse(self, block: str) -> dict[str, str]:
-        labels = self._parsed.get(block)
-        if labels is None:
-            if not block:
-                return {}
-            try:
-                families = list(text_string_to_metric_families(f"m{block} 0\n"))
-                labels = dict(families[0].samples[0].labels)
-            except Exception as exc:
-                raise PageError("parse", f"malformed labels {block[:120]!r}: {exc}") from exc
-            if len(self._parsed) >= self._max:
-                self._parsed.clear()
-            self._parsed[block] = labels
-        return labels
-
-
-_SHARED_LABELS = LabelCache()
-
-
-def _parse_value(name: str, rest: str) -> float:
-    fields = rest.split()
-    if not fields or len(fields) > 2:
-        raise PageError("parse", f"malformed sample line for {name}: {rest[:80]!r}")
-    try:
-        return float(fields[0])
-    except ValueError as exc:
-        raise PageError("parse", f"{name}: {fields[0][:40]!r} is not a number") from exc
-
-
 def _family_names(sample_names: frozenset[str]) -> frozenset[str]:
     names = set(sample_names)
     for n in sample_names:
@@ -212,7 +97,7 @@ def _family_names(sample_names: frozenset[str]) -> frozenset[str]:
 
 def _tier_schema(schema: SourceSchema) -> TierSchema | None:
     """The tier families of a schema that can have them (windows need counters)."""
-    if not schema.windows_supported or schema.queries is None:
+    if not schema.windows_supported or schema.read("queries") is None:
         return None
     return schemas.TIER_SCHEMAS.get(schema.server)
 
@@ -222,30 +107,6 @@ _WANTED: dict[str, frozenset[str]] = {
         t.sample_names() if (t := _tier_schema(s)) is not None else frozenset()))
     for s in schemas.SCHEMAS
 }
-
-
-def _quick_model(block: str) -> str | None:
-    """The model_name value of a label block without parsing it (None when escaped)."""
-    for probe in ('{model_name="', ',model_name="'):
-        at = block.find(probe)
-        if at >= 0:
-            start = at + len(probe)
-            end = block.find('"', start)
-            value = block[start:end]
-            return None if end < 0 or "\\" in value else value
-    return None
-
-
-def _histogram_of(name: str, block: str) -> tuple[str, str] | None:
-    """(name, label block without its le) of a bucket line; None for other lines."""
-    if not name.endswith("_bucket"):
-        return None
-    for probe in ('{le="', ',le="'):
-        at = block.find(probe)
-        if at >= 0:
-            end = block.find('"', at + len(probe))
-            return name, block[:at + 1] + block[end + 1:]
-    return None
 
 
 def read_page(text: str, labels: LabelCache | None = None,
@@ -265,8 +126,8 @@ def read_page(text: str, labels: LabelCache | None = None,
     schema = detect_schema(text)
     if schema is None:
         raise PageError("not_metrics", "no vLLM or SGLang prefix-cache metrics on the page")
-    cache = labels if labels is not None else _SHARED_LABELS
-    admission = _Admission(limits or PageLimits())
+    cache = labels if labels is not None else SHARED_LABELS
+    admission = Admission(limits or PageLimits())
     max_block, max_len = admission.limits.max_block, admission.limits.max_label_length
     samples = []
     # Buckets counted per histogram (name + labels without le) before any parsing, so a
@@ -278,11 +139,11 @@ def read_page(text: str, labels: LabelCache | None = None,
         if len(block) > max_block:
             admission.drop("label_too_long")
             continue
-        model = _quick_model(block)
+        model = quick_model(block)
         if model is not None and admission.model_full(model):
             admission.drop("too_many_series")  # not even parsed: 10,000 models cost little
             continue
-        tag = _histogram_of(name, block)
+        tag = histogram_of(name, block)
         if tag is not None:
             count = bucket_counts[tag] = bucket_counts.get(tag, 0) + 1
             if count > admission.limits.max_buckets:
@@ -292,7 +153,7 @@ def read_page(text: str, labels: LabelCache | None = None,
         if any(len(v) > max_len for v in parsed.values()):
             admission.drop("label_too_long")
             continue
-        samples.append((name, parsed, _parse_value(name, rest)))
+        samples.append((name, parsed, parse_value(name, rest)))
         tags.append(tag)
     if over:  # drop the whole histogram: a part of its buckets would lie
         samples = [s for s, tag in zip(samples, tags, strict=True) if tag not in over]
@@ -319,14 +180,14 @@ def _role_tables(schema: SourceSchema) -> tuple[dict[str, list[tuple[str, str]]]
     """Sample name -> roles it plays, and histogram sample name -> role, for one schema."""
     # One sample may play several roles (SGLang's prompt tokens are also its cache queries).
     roles_by_sample: dict[str, list[tuple[str, str]]] = {}
-    for role, name in schema.counter_roles().items():
+    for role, name in schema.roles("counter").items():
         roles_by_sample.setdefault(name, []).append(("counter", role))
         created = name.removesuffix("_total") + "_created"
         roles_by_sample.setdefault(created, []).append(("created", role))
-    for role, name in schema.gauge_roles().items():
+    for role, name in schema.roles("gauge").items():
         roles_by_sample.setdefault(name, []).append(("gauge", role))
     hist_roles: dict[str, str] = {}
-    for role, name in schema.histogram_roles().items():
+    for role, name in schema.roles("histogram").items():
         for suffix in ("_bucket", "_sum", "_count"):
             hist_roles[name + suffix] = role
     return roles_by_sample, hist_roles
@@ -336,7 +197,7 @@ _ROLES = {s.schema: _role_tables(s) for s in schemas.SCHEMAS}
 
 
 def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]],
-               admission: _Admission) -> Snapshot:
+               admission: Admission) -> Snapshot:
     roles_by_sample, hist_roles = _ROLES[schema.schema]
     series: dict[SeriesKey, SeriesValues] = {}
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
@@ -366,7 +227,7 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
         if tier_reader is not None and tier_reader.take(name, labels, value, key):
             continue
         if name == schema.realtime_tokens:
-            _check_counter(name, value)
+            check_counter(name, value)
             mode = labels.get(schemas.SGLANG_MODE_LABEL, "")
             realtime.setdefault(key, {})[mode] = value
             continue
@@ -375,9 +236,9 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
             values = series.setdefault(key, SeriesValues())
             for kind, role_name in roles:
                 if kind == "counter":
-                    _check_counter(name, value)
+                    check_counter(name, value)
                     values.counters[role_name] = values.counters.get(role_name, 0.0) + value
-                    _check_counter(name, values.counters[role_name])
+                    check_counter(name, values.counters[role_name])
                 elif kind == "created":
                     if math.isfinite(value):
                         values.created[role_name] = value
@@ -387,7 +248,7 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
         hrole = hist_roles.get(name)
         if hrole is None:
             continue
-        _check_counter(name, value)
+        check_counter(name, value)
         hkey = (key, hrole)
         series.setdefault(key, SeriesValues())
         if name.endswith("_bucket"):
@@ -453,14 +314,14 @@ class _TierReader:
             source = labels.get(self.schema.source_label)
             if source is None:
                 return False  # an SGLang build without the split: the hits role reads it
-            _check_counter(name, value)
+            check_counter(name, value)
             by_source = self.sources.setdefault(key, {})
             by_source[source] = by_source.get(source, 0.0) + value
             if self.server == "sglang":
                 return source not in (tiers.SGLANG_SOURCE_DEVICE, tiers.SGLANG_SOURCE_TOTAL)
             return True
         if name in self.store_names:
-            _check_counter(name, value)
+            check_counter(name, value)
             if labels.get(tiers.VLLM_OFFLOAD_OUTCOME_LABEL, tiers.VLLM_OFFLOAD_OUTCOME_STORED
                           ) == tiers.VLLM_OFFLOAD_OUTCOME_STORED:
                 self.stores[key] = self.stores.get(key, 0.0) + value
@@ -498,6 +359,7 @@ class _TierReader:
             return
         for tier, role in TIER_ROLES.items():
             values.counters[role] = split[tier]
+        values.counters[CACHED] = sum(split.values())
         if key in self.stores:
             values.counters[TIER_STORES] = self.stores[key]
         if key in self.used:
@@ -505,10 +367,3 @@ class _TierReader:
         if key in self.configured:
             values.gauges[TIER_CONFIGURED] = 1.0
 
-
-def _check_counter(name: str, value: float) -> None:
-    """A counter is a finite count: NaN, +Inf, negative and 1e308-ish values (which overflow
-    to +Inf once summed or differenced) make the whole page untrustworthy."""
-    if not 0 <= value <= names.MAX_COUNTER_VALUE:
-        raise PageError("invalid_value", f"{name} is {value:g}: a counter must be a finite "
-                                         "number >= 0")

@@ -118,15 +118,13 @@ def abort_all() -> None:
 
 
 class Fetcher:
-    """Fetches one target's page; safe to call from one thread at a time."""
+    """Fetches one target's page, one connection per poll (closed after it, so nothing is held
+    between polls); safe to call from one thread at a time."""
 
     def __init__(self, target: TargetConfig, user_agent: str) -> None:
         self.target = target
         self.user_agent = user_agent
         self._ssl: ssl.SSLContext | None = None
-
-    def close(self) -> None:
-        """Nothing is kept between polls (one connection per poll, closed after it)."""
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:

@@ -29,11 +29,12 @@ from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter import scrape
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
+from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
 from prefixwatch.exporter.kvevents.ledger import EventLedgers
 from prefixwatch.exporter.landing import render_landing
-from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
 from prefixwatch.exporter.webconfig import WebConfig, load_web_config
@@ -303,8 +304,6 @@ class Exporter:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.reader is not None:
             self.reader.stop()
-        for mon in self.monitors:
-            mon.close()
 
     def wait(self) -> None:
         while not self._stop.wait(1.0):

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from prefixwatch.core import causes, schemas, tiers
 from prefixwatch.core.diagnosis import diagnose
 from prefixwatch.core.ledger import table as ledger_table
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
-from prefixwatch.exporter.monitor import TargetMonitor, evidence_for
+from prefixwatch.exporter.evidence import evidence_for
+from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
 
@@ -22,14 +23,14 @@ class StatusRow:
     model: str
     server: str
     schema: str
-    gap_ratio: float | None
-    lifetime_ratio: float | None
-    queries_per_s: float | None
-    ttft_p50: float | None
-    ttft_p95: float | None
-    kv_usage: float | None
-    block_size: int | None
-    caching_enabled: bool | None
+    gap_ratio: float | None = None
+    lifetime_ratio: float | None = None
+    queries_per_s: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    kv_usage: float | None = None
+    block_size: int | None = None
+    caching_enabled: bool | None = None
     error: str = ""
     #: The KV pool in blocks (cache_config_info num_gpu_blocks), for the ledger.
     pool_blocks: int | None = None
@@ -59,7 +60,6 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     time.sleep(gap)
     for mon in monitors:
         mon.poll()
-        mon.close()
     now = time.time()
     evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
     found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),
@@ -67,8 +67,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     rows: list[StatusRow] = []
     for mon in monitors:
         if not mon.up or mon.snapshot is None:
-            rows.append(StatusRow(mon.name, "-", "-", "-", None, None, None, None, None, None,
-                                  None, None, error=f"{mon.reason}: {mon.last_error}"))
+            rows.append(StatusRow(mon.name, "-", "-", "-", error=f"{mon.reason}: {mon.last_error}"))
             continue
         schema = mon.snapshot.schema
         for model, figures in sorted(mon.models.items()):
@@ -78,9 +77,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
             blocks = [s.values.block_size for s in states if s.values.block_size]
             enabled = [s.values.caching_enabled for s in states
                        if s.values.caching_enabled is not None]
-            lifetime = None
-            if figures.lifetime_queries > 0:
-                lifetime = figures.lifetime_hits / figures.lifetime_queries
+            lifetime = ratio(figures.lifetime_hits, figures.lifetime_queries)
             if lifetime is None and not schema.windows_supported:
                 reported = [s.values.gauges.get("engine_reported_hit_ratio") for s in states]
                 lifetime = next((r for r in reported if r is not None), None)

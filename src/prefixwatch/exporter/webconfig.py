@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.yamlfile import load_mapping
+from prefixwatch.core.yamlfile import ConfigFile
 
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 _TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "min_version"}
@@ -73,7 +73,7 @@ class WebConfig:
 
 def load_web_config(path: str) -> WebConfig:
     """Read and check a web config file; ConfigError (one line) on anything wrong."""
-    data = load_mapping(path, "web config file")
+    data = ConfigFile.load(path, "web config file").data
     where = f"web config file {path!r}"
     unknown = set(data) - _TOP_KEYS
     if unknown:

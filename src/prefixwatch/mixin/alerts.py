@@ -19,19 +19,17 @@ from prefixwatch.core.rulenames import (
     ALERT_WATCHDOG,
     MODEL,
     MODEL_TARGET,
-    R_BASELINE,
-    R_EFFECTIVE_BASELINE,
     R_KV,
     R_LEDGER_SHARE,
-    R_OFFLOAD_FAILED,
     R_PREEMPT,
     R_RESETS,
-    R_TIER_ACTIVE,
     R_WAITING,
     r_effective,
     r_lower_tier,
+    r_offload_failed,
     r_queries,
     r_ratio,
+    r_tier_active,
 )
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.mixin.config import prom_duration
@@ -68,7 +66,7 @@ class Alerts(Exprs):
 
     @property
     def slo_baseline(self) -> str:
-        return R_EFFECTIVE_BASELINE if self.effective else R_BASELINE
+        return self.cfg.baseline(self.effective)
 
     @property
     def ratio_name(self) -> str:
@@ -83,6 +81,15 @@ class Alerts(Exprs):
             return prom_duration(seconds)
         minutes = int(seconds // 60)
         return "one minute" if minutes == 1 else f"{minutes} minutes"
+
+    def ago(self) -> str:
+        """The baseline's span in words ('one to three hours ago')."""
+        start = parse_duration(self.cfg.baseline_offset)
+        end = start + parse_duration(self.cfg.baseline_window)
+        words = dict(enumerate(("zero", "one", "two", "three", "four", "five", "six")))
+        if start % 3600 == 0 and end % 3600 == 0 and end // 3600 in words:
+            return f"{words[int(start // 3600)]} to {words[int(end // 3600)]} hours ago"
+        return f"{prom_duration(start)} to {prom_duration(end)} ago"
 
     def on(self, *labels: str) -> str:
         return f"on ({self.labels(*labels)})"
@@ -171,6 +178,7 @@ class Alerts(Exprs):
         model = "{{ $labels.model_name }}"
         threshold = self.threshold_text()
         short, long_ = cfg.critical_windows
+        ww = cfg.warning_window
         ratio = self.ratio_name
         out = [
             self.alert(
@@ -188,34 +196,34 @@ class Alerts(Exprs):
             ),
             self.alert(
                 ALERT_LOW,
-                f"{self.below_threshold(self.slo(MODEL, '15m'))}\n{self.guards('15m')}",
-                "15m", "warning",
+                f"{self.below_threshold(self.slo(MODEL, ww))}\n{self.guards(ww)}",
+                cfg.warning_for, "warning",
                 f"Prefix-cache hit rate of {model} is low ({pct}).",
                 f"The {ratio} of {model} has been below {threshold} for "
-                f"15 minutes ({pct} now, over 15 minutes). A slow drift: more distinct prefixes, "
-                "a fuller KV pool, or a prompt change rolled out gradually."
+                f"{self.span(cfg.warning_for)} ({pct} now, over {self.span(ww)}). A slow drift: "
+                "more distinct prefixes, a fuller KV pool, or a prompt change rolled out gradually."
                 + self.diagnosis_clause() + self.ledger_clause(),
             ),
             self.alert(
                 ALERT_REGRESSION,
-                f"{self.enabled(self.slo(MODEL, '15m'))}\n< {self.on(MODEL)}\n"
-                f"{self.slo_baseline} - {cfg.regression_drop:g}\n{self.guards('15m')}",
-                "10m", "warning",
+                f"{self.enabled(self.slo(MODEL, ww))}\n< {self.on(MODEL)}\n"
+                f"{self.slo_baseline} - {cfg.regression_drop:g}\n{self.guards(ww)}",
+                cfg.regression_for, "warning",
                 f"Prefix-cache hit rate of {model} regressed to {pct}.",
-                f"The {ratio} of {model} is {pct} over 15 minutes, "
-                f"{cfg.regression_drop:.0%} or more below its own level one to three hours ago "
+                f"The {ratio} of {model} is {pct} over {self.span(ww)}, "
+                f"{cfg.regression_drop:.0%} or more below its own level {self.ago()} "
                 "(it may still be above the alert threshold). Check what was deployed."
                 + self.diagnosis_clause(),
             ),
             self.alert(
                 ALERT_OUTLIER,
-                f"{self.enabled(self.slo(MODEL_TARGET, '15m'))}\n< {self.on(MODEL)} group_left ()"
-                f"\n({self.slo(MODEL, '15m')} - {cfg.outlier_gap:g})\n"
-                f"and {self.on(MODEL, 'target')} {r_queries(MODEL_TARGET, '15m')} > "
+                f"{self.enabled(self.slo(MODEL_TARGET, ww))}\n< {self.on(MODEL)} group_left ()"
+                f"\n({self.slo(MODEL, ww)} - {cfg.outlier_gap:g})\n"
+                f"and {self.on(MODEL, 'target')} {r_queries(MODEL_TARGET, ww)} > "
                 f"{cfg.min_query_tokens_per_second:g}\n"
                 f"and {self.on(MODEL)} count by ({self.labels(MODEL)}) "
-                f"({r_queries(MODEL_TARGET, '15m')}) > 1",
-                "15m", "warning",
+                f"({r_queries(MODEL_TARGET, ww)}) > 1",
+                cfg.warning_for, "warning",
                 f"Replica {{{{ $labels.target }}}} of {model} has a low hit rate ({pct}).",
                 f"Replica {{{{ $labels.target }}}} serves {model} with an {ratio} "
                 f"of {pct}, more than {cfg.outlier_gap:.0%} below the model's fleet. Routing "
@@ -229,7 +237,7 @@ class Alerts(Exprs):
             out.append(self.alert(
                 ALERT_EVICTION,
                 f"{R_KV} > {cfg.kv_usage_high:g}\n{evict_extra}",
-                "10m", "warning",
+                cfg.eviction_for, "warning",
                 f"KV-cache pool of {{{{ $labels.target }}}} ({model}) is full and evicting.",
                 f"KV-cache usage on {{{{ $labels.target }}}} ({model}) is {pct} with requests "
                 "preempted or queued: cached prefixes are evicted before they can be reused.",
@@ -259,41 +267,44 @@ class Alerts(Exprs):
         pct = "{{ $value | humanizePercentage }}"
         model = "{{ $labels.model_name }}"
         idle_share = cfg.diagnosis.thresholds.tier_idle_hit_share
+        ww = cfg.warning_window
         out = [self.alert(
             ALERT_TIER_IDLE,
-            f"{self.enabled(r_lower_tier(MODEL, '15m'))} < {idle_share:g}\n"
-            f"and {self.on(MODEL)} {self.below_threshold(r_ratio(MODEL, '15m'))}\n"
-            f"and {self.on(MODEL)} {R_TIER_ACTIVE}\n{self.guards('15m')}",
-            "30m", "warning",
+            f"{self.enabled(r_lower_tier(MODEL, ww))} < {idle_share:g}\n"
+            f"and {self.on(MODEL)} {self.below_threshold(r_ratio(MODEL, ww))}\n"
+            f"and {self.on(MODEL)} {r_tier_active(ww)}\n{self.guards(ww)}",
+            cfg.tier_for, "warning",
             f"The second cache tier of {model} serves almost nothing ({pct} of device misses).",
             f"A second cache tier (CPU offload, HiCache, a KV connector) of {model} takes data "
-            f"but served only {pct} of the prompt tokens the device pool missed over 15 "
-            f"minutes, while the device pool's own hit rate is below {self.threshold_text()}. "
-            "It costs host memory and copy bandwidth and saves no prefill: the tier is too "
-            "small for the working set, or what it stores is never asked for again.")]
+            f"but served only {pct} of the prompt tokens the device pool missed over "
+            f"{self.span(ww)}, while the device pool's own hit rate is below "
+            f"{self.threshold_text()}. It costs host memory and copy bandwidth and saves no "
+            "prefill: the tier is too small for the working set, or what it stores is never "
+            "asked for again.")]
         out.append(self.alert(
             ALERT_DEVICE_SHARE,
-            f"{self.enabled(r_ratio(MODEL, '15m'))}\n< {self.on(MODEL)}\n"
-            f"{R_BASELINE} - {cfg.regression_drop:g}\n"
-            f"and {self.on(MODEL)} {r_effective(MODEL, '15m')}\n"
-            f">= {self.on(MODEL)} {R_EFFECTIVE_BASELINE} - {cfg.regression_drop:g}\n"
-            f"{self.guards('15m')}",
-            "30m", "warning",
+            f"{self.enabled(r_ratio(MODEL, ww))}\n< {self.on(MODEL)}\n"
+            f"{cfg.baseline()} - {cfg.regression_drop:g}\n"
+            f"and {self.on(MODEL)} {r_effective(MODEL, ww)}\n"
+            f">= {self.on(MODEL)} {cfg.baseline(effective=True)} - {cfg.regression_drop:g}\n"
+            f"{self.guards(ww)}",
+            cfg.tier_for, "warning",
             f"The device pool of {model} serves less ({pct}); a slower tier makes up for it.",
-            f"The device (HBM) hit rate of {model} is {pct} over 15 minutes, "
-            f"{cfg.regression_drop:.0%} or more below its level one to three hours ago, while "
+            f"The device (HBM) hit rate of {model} is {pct} over {self.span(ww)}, "
+            f"{cfg.regression_drop:.0%} or more below its level {self.ago()}, while "
             "the effective hit rate (every tier) held: the working set outgrew the device pool "
             "and a slower tier serves the rest. No prefill is wasted, but TTFT pays each load "
             "from host, disk or remote."))
         if t.offload_outcomes:
             out.append(self.alert(
                 ALERT_OFFLOAD_FAILURES,
-                f"{R_OFFLOAD_FAILED} > {cfg.offload_failure_share:g}",
-                "15m", "warning",
+                f"{r_offload_failed(ww)} > {cfg.offload_failure_share:g}",
+                cfg.warning_for, "warning",
                 f"KV offload of {{{{ $labels.target }}}} ({model}) loses {pct} of its stores.",
                 f"The KV offload connector of {{{{ $labels.target }}}} ({model}) dropped {pct} "
-                "of the blocks it tried to store over 15 minutes (host pool full, request gone, "
-                "block not hashed): those prefixes cannot be served from the host tier later."))
+                f"of the blocks it tried to store over {self.span(ww)} (host pool full, request "
+                "gone, block not hashed): those prefixes cannot be served from the host tier "
+                "later."))
         return out
 
     def absent_expr(self) -> str:

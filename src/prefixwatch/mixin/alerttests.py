@@ -5,16 +5,14 @@ time), and rendered for each source with that source's raw series names and labe
 exporter, vLLM and SGLang rule files are all held to the same behaviour. Run them with
 ``promtool test rules alerts/tests/*.yml``.
 
-Why it is over 400 lines: the traffic cases are data (one per alert, firing / not yet /
-never, per tier), rendered for every source; the cluster cases are in clustertests.py.
+The input notation is promtoolinput.py's; the second tier's cases are tiercases.py's and the
+cluster cases clustertests.py's.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -22,131 +20,35 @@ import yaml
 from prefixwatch.core.names import L_PART, OUT_ACHIEVABLE, OUT_DIAGNOSIS, OUT_LEDGER_TOKENS
 from prefixwatch.core.rulenames import (
     ALERT_ABSENT,
-    ALERT_DEVICE_SHARE,
     ALERT_EVICTION,
     ALERT_LOW,
-    ALERT_OFFLOAD_FAILURES,
     ALERT_OUTLIER,
     ALERT_REGRESSION,
-    ALERT_TIER_IDLE,
     ALERT_WATCHDOG,
-    MODEL_TIER,
-    R_BASELINE,
     R_LEDGER_SHARE,
     R_MISSED,
-    R_OFFLOAD_FAILED,
     R_SAVED_SHARE,
-    r_effective,
     r_ratio,
-    r_tier_tokens,
 )
 from prefixwatch.core.tiers import TIER_DEVICE, TIER_HOST
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.mixin.alerts import render_diagnosis, render_ledger
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.kvtests import kv_cases
+from prefixwatch.mixin.promtoolinput import (
+    MODEL,
+    STEP,
+    Phase,
+    compress,
+    counters,
+    render_annotation,
+)
 from prefixwatch.mixin.rules import Builder
 from prefixwatch.mixin.sources import EXPORTER_JOB
-
-STEP = 15  # seconds between samples and rule evaluations
-MODEL = "llama-3-8b"
+from prefixwatch.mixin.tiercases import TierCases
 
 
-@dataclass
-class Phase:
-    """Traffic for a while: prompt tokens per second and the share served from cache."""
-
-    minutes: float
-    tokens_per_s: float
-    hit_ratio: float  # the device pool's share of the prompt tokens
-    reset: bool = False  # the server restarted at the start of this phase
-    #: Share of the prompt tokens a host tier served (None: no second tier configured).
-    host: float | None = None
-
-
-def counters(phases: Sequence[Phase]) -> tuple[list[float], list[float], list[float]]:
-    """Cumulative queries, device hits and host hits, one sample per STEP, with restarts as
-    counter resets."""
-    q = h = x = 0.0
-    qs, hs, xs = [0.0], [0.0], [0.0]
-    for phase in phases:
-        if phase.reset:
-            q = h = x = 0.0
-            qs[-1], hs[-1], xs[-1] = q, h, x
-        for _ in range(round(phase.minutes * 60 / STEP)):
-            q += phase.tokens_per_s * STEP
-            h += phase.tokens_per_s * STEP * phase.hit_ratio
-            x += phase.tokens_per_s * STEP * (phase.host or 0.0)
-            qs.append(q)
-            hs.append(h)
-            xs.append(x)
-    return qs, hs, xs
-
-
-def compress(values: Sequence[float | None]) -> str:
-    """promtool's expanding notation: runs of equal steps become 'a+bxN'."""
-    out: list[str] = []
-    i = 0
-    n = len(values)
-
-    def fmt(v: float) -> str:
-        return str(int(v)) if float(v).is_integer() else repr(round(v, 6))
-
-    while i < n:
-        v = values[i]
-        if v is None:
-            out.append("_")
-            i += 1
-            continue
-        j = i + 1
-        if j < n and values[j] is not None:
-            step = values[j] - v  # type: ignore[operator]
-            while j + 1 < n and values[j + 1] is not None and abs(
-                    (values[j + 1] - values[j]) - step) < 1e-9:  # type: ignore[operator]
-                j += 1
-            if j - i >= 2:
-                sign = "+" if step >= 0 else "-"
-                out.append(f"{fmt(v)}{sign}{fmt(abs(step))}x{j - i}")
-                i = j + 1
-                continue
-        out.append(fmt(v))
-        i += 1
-    return " ".join(out)
-
-
-def humanize_percentage(value: float) -> str:
-    text = f"{value * 100:.4g}"
-    return f"{text}%"
-
-
-_EQ_CHAIN = re.compile(r'\{\{ if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)'
-                       r'((?:\{\{ else if eq \$labels\.\w+ ".*?" \}\}.*?)*)'
-                       r"\{\{ else \}\}(.*?)\{\{ end \}\}")
-_ELSE_IF = re.compile(r'\{\{ else if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)(?=\{\{ else |$)')
-
-
-def render_annotation(template: str, labels: dict[str, str], value: float) -> str:
-    """The few template constructs our annotations use, rendered as Prometheus would."""
-    text = template.replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
-
-    def chain(match: re.Match[str]) -> str:
-        branches = [(match.group(1), match.group(2), match.group(3))]
-        branches += _ELSE_IF.findall(match.group(4))
-        for label, wanted, body in branches:
-            if labels.get(label) == wanted:
-                return body
-        return match.group(5)
-
-    text = _EQ_CHAIN.sub(chain, text)
-
-    def cond(match: re.Match[str]) -> str:
-        return match.group(2) if labels.get(match.group(1)) else ""
-
-    text = re.sub(r"\{\{ if \$labels\.(\w+) \}\}(.*?)\{\{ end \}\}", cond, text)
-    return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), text)
-
-
-class Cases:
+class Cases(TierCases):
     """The cases for one source, with traffic levels chosen around the config's numbers (a
     threshold of 0.5 gets a drift that crosses 0.5, a cold start of 5m a restart within 5m)."""
 
@@ -446,8 +348,9 @@ class Cases:
             {"expr": r_ratio("model_name", "1h"), "eval_time": "150m",
              "exp_samples": [{"labels": f'{r_ratio("model_name", "1h")}{{model_name="{MODEL}"}}',
                               "value": 0.8}]},
-            {"expr": R_BASELINE, "eval_time": "190m",
-             "exp_samples": [{"labels": f'{R_BASELINE}{{model_name="{MODEL}"}}', "value": 0.8}]},
+            {"expr": cfg.baseline(), "eval_time": "190m",
+             "exp_samples": [{"labels": f'{cfg.baseline()}{{model_name="{MODEL}"}}',
+                              "value": 0.8}]},
             {"expr": r_ratio("model_name_target", "5m") + '{target="vllm-1:8000"}',
              "eval_time": "60m",
              "exp_samples": [{"labels": f'{r_ratio("model_name_target", "5m")}'
@@ -480,83 +383,6 @@ class Cases:
         self.tier_cases(case)
         kv_cases(self, case, Phase)
         return tests
-
-    def paged_after(self, before: float, after: float) -> float:
-        """Minutes from a collapse (before -> after) to the critical page: the long window's
-        ratio crosses the threshold once a share (before - thr) / (before - after) of its
-        samples is new, then ``critical_for``, then up to one evaluation for the rule order."""
-        cfg = self.cfg
-        long_s = parse_duration(cfg.critical_long_window)
-        share = (before - cfg.hit_ratio_threshold) / (before - after)
-        crossed = math.ceil(share * long_s / STEP + 1e-9) * STEP
-        return (crossed + parse_duration(cfg.critical_for) + STEP) / 60
-
-    def tier_cases(self, case: Any) -> None:
-        """A second tier: it rescues the fleet (no page on the effective ratio), both tiers
-        collapse (a page as fast as a device collapse), it serves nothing (TierIdle), HBM is
-        outgrown (DeviceShareLow), offload stores are lost (OffloadFailures)."""
-        cfg, m = self.cfg, {"model_name": MODEL}
-        thr = cfg.hit_ratio_threshold
-        busy = max(1000, round(10 * cfg.min_query_tokens_per_second))
-        effective = self.builder.effective
-        low = ALERT_LOW
-        # 15. The host tier keeps the effective ratio above the threshold while the device
-        #     pool's is far below (42% device + 46% host = 88%, as in offload-rescue): no
-        #     page on the effective ratio; on the device ratio, the page it asks for.
-        device_part = round(min(0.42, thr - 0.2), 6)
-        host_part = round(min(0.88, thr + 0.18) - device_part, 6)
-        rescued = [Phase(20, busy, device_part, host=host_part)]
-        case(self.traffic(rescued), [
-            self.at(low, 10, [] if effective else [
-                self.expect(low, "critical", m, device_part)]),
-            self.at(ALERT_TIER_IDLE, 19, []),
-        ], [{"expr": f'round({r_effective("model_name", "5m")}, 0.0001)', "eval_time": "15m",
-             "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}',
-                              "value": round(device_part + host_part, 4)}]},
-            {"expr": f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
-             "eval_time": "15m",
-             "exp_samples": [{"labels": f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
-                              "value": round(busy * host_part, 3)}]}])
-        # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical within 2.5 minutes.
-        both = [Phase(60, busy, device_part, host=host_part), Phase(20, busy, 0.02, host=0.01)]
-        before = device_part + (host_part if effective else 0.0)
-        paged = 60 + self.paged_after(before, 0.03 if effective else 0.02)
-        if effective:
-            case(self.traffic(both), [
-                self.at(low, 60, []),
-                self.at(low, paged, [self.expect(low, "critical", m, 0.03)])])
-        # 17. A host tier that stores (connector lookups, HiCache backups) and serves nothing
-        #     while the device pool misses 60%: TierIdle after 15m of data and 30m of `for`.
-        idle = [Phase(60, busy, 0.4, host=0.0)]
-        case(self.traffic(idle), [
-            self.at(ALERT_TIER_IDLE, 30, []),
-            self.at(ALERT_TIER_IDLE, 50, [self.expect(ALERT_TIER_IDLE, "warning", m, 0.0)])])
-        # 18. HBM outgrown: 85% device + 5% host for 3h, then 45% + 45%: the effective ratio
-        #     holds at 90%, the device share fell 40 points: DeviceShareLow, no hit-rate alert.
-        outgrown = [Phase(180, busy, 0.85, host=0.05), Phase(60, busy, 0.45, host=0.45)]
-        case(self.traffic(outgrown), [
-            self.at(ALERT_DEVICE_SHARE, 180, []),
-            self.at(ALERT_DEVICE_SHARE, 230, [self.expect(ALERT_DEVICE_SHARE, "warning", m,
-                                                          0.45)]),
-            *([self.at(low, 230, []), self.at(ALERT_REGRESSION, 230, [])] if effective
-              else [])])
-        #     ...but a fleet without a second tier whose ratio falls gets Regression, not this.
-        # 19. The offload connector drops 30% of its stores (host pool full): OffloadFailures.
-        t = self.src.tiers
-        if t is not None and t.offload_outcomes:
-            outcomes = []
-            for outcome, per_step in ((t.offload_stored, 70), (t.offload_failed[0].split("|")[0],
-                                                               30)):
-                labels = {**self.base_labels("vllm-0:8000"), t.offload_label: outcome}
-                outcomes.append({"series": self.series_name(t.offload_outcomes, labels),
-                                 "values": f"0+{per_step}x240"})
-            case(self.traffic([Phase(60, busy, 0.5, host=0.3)]) + outcomes, [
-                self.at(ALERT_OFFLOAD_FAILURES, 10, []),
-                self.at(ALERT_OFFLOAD_FAILURES, 40, [self.expect(
-                    ALERT_OFFLOAD_FAILURES, "warning", {**m, "target": "vllm-0:8000"}, 0.3)])],
-                [{"expr": R_OFFLOAD_FAILED, "eval_time": "30m",
-                  "exp_samples": [{"labels": f'{R_OFFLOAD_FAILED}{{model_name="{MODEL}",'
-                                             f'target="vllm-0:8000"}}', "value": 0.3}]}])
 
     def document(self) -> dict[str, Any]:
         return {"rule_files": [self.rule_file], "evaluation_interval": f"{STEP}s",

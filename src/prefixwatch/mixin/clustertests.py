@@ -15,9 +15,10 @@ import yaml
 
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.rulenames import ALERT_ABSENT, ALERT_LOW, MODEL, r_ratio
-from prefixwatch.mixin.alerttests import MODEL as MODEL_NAME
-from prefixwatch.mixin.alerttests import STEP, Cases, Phase
+from prefixwatch.mixin.alerttests import Cases
 from prefixwatch.mixin.config import MixinConfig
+from prefixwatch.mixin.promtoolinput import MODEL as MODEL_NAME
+from prefixwatch.mixin.promtoolinput import STEP, Phase
 from prefixwatch.mixin.sources import EXPORTER_JOB
 
 CLUSTERS = ("eu-1", "us-1")

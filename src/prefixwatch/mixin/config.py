@@ -1,8 +1,8 @@
 """ONE config for the whole mixin, like kubernetes-mixin's ``_config``.
 
 Rules, recording rules, alerts, Alertmanager routing, dashboards, the Kubernetes manifests (and
-the exporter config they mount) all read a ``MixinConfig``; nothing of the mixin hard-codes a
-threshold, a selector or a window. ``alerts/mixin.example.yml`` documents every key. Errors name
+the exporter config they mount) all read a ``MixinConfig``; every threshold, selector and alert
+window is one of its keys. ``alerts/mixin.example.yml`` documents every key. Errors name
 the file, line and column of the offending key, as a compiler would.
 """
 
@@ -13,14 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-import yaml
-
 from prefixwatch.core import names, rulenames, settings
-from prefixwatch.core.causes import COLD_START
+from prefixwatch.core.causes import COLD_START, DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.settings import DiagnosisSettings
 from prefixwatch.core.windows import parse_duration
-from prefixwatch.core.yamlfile import load_mapping
+from prefixwatch.core.yamlfile import ConfigFile
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MATCHER = r'\s*[a-zA-Z_]\w*\s*(?:=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
@@ -63,21 +61,36 @@ class MixinConfig:
     #: cache tier) or ``device`` (the engine's own KV pool); core.settings parses the key.
     hit_ratio: str = settings.DEFAULT_HIT_RATIO_MODE
     models: Mapping[str, ModelOverride] = field(default_factory=dict)
-    #: Windows of the recorded fleet hit ratios (must hold the alerts' 5m and 15m; the
-    #: critical path's windows are recorded whatever this says).
+    #: Windows of the recorded fleet hit ratios (the alerts' windows and the dashboards' 5m
+    #: are recorded whatever this says).
     windows: tuple[str, ...] = rulenames.RATIO_WINDOWS
     #: PrefixCacheHitRateLow (critical): both windows below the threshold for ``critical_for``.
     #: The long window ignores a short dip; the short one ends the page soon after recovery.
-    critical_short_window: str = "2m"
-    critical_long_window: str = "5m"
-    critical_for: str = "1m"
+    critical_short_window: str = settings.CRITICAL_SHORT_WINDOW
+    critical_long_window: str = settings.CRITICAL_LONG_WINDOW
+    critical_for: str = settings.CRITICAL_FOR
+    #: The warning-level alerts (PrefixCacheHitRateLow warning, Regression, ReplicaOutlier,
+    #: TierIdle, DeviceShareLow, OffloadFailures) judge this window, recorded per model and per
+    #: replica; a drift must last ``warning_for`` to open a ticket.
+    warning_window: str = "15m"
+    warning_for: str = "15m"
+    #: PrefixCacheHitRateRegression: how long the drop against the baseline must hold; the
+    #: baseline is the ratio over ``baseline_window`` ending ``baseline_offset`` ago.
+    regression_for: str = "10m"
+    baseline_window: str = "2h"
+    baseline_offset: str = "1h"
+    #: PrefixCacheEvictionPressure: how long a full pool with preemptions must last.
+    eviction_for: str = "10m"
+    #: PrefixCacheTierIdle and PrefixCacheDeviceShareLow: how long before a ticket.
+    tier_for: str = "30m"
     #: Prompt tokens per second (per model) below which no hit-rate alert fires.
     min_query_tokens_per_second: float = 100.0
     #: A model whose counters reset within this long is warming up: no hit-rate alert.
     cold_start: str = COLD_START
     regression_drop: float = 0.15
     outlier_gap: float = 0.25
-    kv_usage_high: float = 0.90
+    #: PrefixCacheEvictionPressure and the diagnosis' eviction_pressure: KV usage above this.
+    kv_usage_high: float = DiagnosisThresholds.kv_usage_high
     #: PrefixCacheOffloadFailures: this share of the offload connector's stores lost.
     offload_failure_share: float = 0.10
     #: PrefixCacheEvictionOfReusedContent and PrefixCacheRoutingWaste (KV events): the
@@ -102,19 +115,19 @@ class MixinConfig:
     # -- derived -----------------------------------------------------------------------------
 
     @property
-    def threshold(self) -> float:
-        """Alias of hit_ratio_threshold (the key's name before the one config)."""
-        return self.hit_ratio_threshold
-
-    @property
     def critical_windows(self) -> tuple[str, str]:
         return (self.critical_short_window, self.critical_long_window)
 
     @property
     def recorded_windows(self) -> tuple[str, ...]:
-        """The fleet ratio windows to record: ``windows`` plus the critical path's, by length."""
-        extra = [w for w in self.critical_windows if w not in self.windows]
-        return tuple(sorted((*self.windows, *extra), key=parse_duration))
+        """The fleet ratio windows to record: ``windows`` plus the alerts' and the
+        dashboards', by length."""
+        return _by_length({*self.windows, *self.critical_windows, *self.target_windows})
+
+    @property
+    def target_windows(self) -> tuple[str, ...]:
+        """The per-replica ratio windows to record: the dashboards' and the warnings'."""
+        return _by_length({rulenames.REPLICA_WINDOW, self.warning_window})
 
     @property
     def selector(self) -> str:
@@ -132,6 +145,7 @@ class MixinConfig:
             {settings.THRESHOLD_KEY: self.hit_ratio_threshold,
              settings.HIT_RATIO_KEY: self.hit_ratio,
              settings.COLD_START_KEY: self.cold_start,
+             settings.KV_USAGE_KEY: self.kv_usage_high,
              settings.DIAGNOSIS_KEY: dict(self.diagnosis_overrides)}, "mixin config")
 
     def runbook(self, anchor: str) -> str:
@@ -143,11 +157,19 @@ class MixinConfig:
         """The runbook page itself, for dashboard links."""
         return self.runbook_url_pattern.replace("#{anchor}", "").replace("{anchor}", "")
 
+    def baseline(self, effective: bool = False) -> str:
+        """The recorded baseline ratio a regression is judged against."""
+        return rulenames.r_baseline(self.baseline_window, self.baseline_offset, effective)
+
     def scaled(self, duration: str) -> str:
         return prom_duration(parse_duration(duration) * self.time_scale)
 
     def with_changes(self, **changes: Any) -> MixinConfig:
         return replace(self, **changes)
+
+
+def _by_length(windows: set[str]) -> tuple[str, ...]:
+    return tuple(sorted(windows, key=parse_duration))
 
 
 def prom_duration(seconds: float) -> str:
@@ -167,53 +189,18 @@ def prom_duration(seconds: float) -> str:
 
 _SIMPLE = {f.name for f in fields(MixinConfig)} - {
     "job", "matchers", "models", "dashboards", "diagnosis_overrides", "windows"}
-TOP_KEYS = frozenset(_SIMPLE | {"selectors", "models", "dashboards", "diagnosis", "windows",
-                                # names before the one config, still read
-                                "threshold", "selector", "runbook_url"})
+TOP_KEYS = frozenset(_SIMPLE | {"selectors", "models", "dashboards", "diagnosis", "windows"})
 _DASHBOARD_KEYS = {f.name for f in fields(DashboardSettings)}
-
-
-class _Where:
-    """``file:line:column`` of a key path, from the YAML node tree."""
-
-    def __init__(self, path: str | None, text: str | None) -> None:
-        self.path = path or "mixin config"
-        self.marks: dict[tuple[str, ...], Any] = {}
-        if text is not None:
-            self._walk(yaml.compose(text), ())
-
-    def _walk(self, node: Any, prefix: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                path = (*prefix, str(key.value))
-                self.marks[path] = key.start_mark
-                self._walk(value, path)
-
-    def __call__(self, *keys: str) -> str:
-        for n in range(len(keys), 0, -1):
-            mark = self.marks.get(tuple(keys[:n]))
-            if mark is not None:
-                return f"{self.path}:{mark.line + 1}:{mark.column + 1}"
-        return self.path
 
 
 def load_config(path: str | None = None, threshold: float | None = None,
                 data: Mapping[str, Any] | None = None) -> MixinConfig:
     """The config of a YAML file (or of ``data``), with ``threshold`` (the --threshold flag)
-    winning over the file. ConfigError names file:line:column of a bad key."""
-    text = None
-    if path:
-        data = load_mapping(path, "mixin config")
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    where = _Where(path, text)
-    data = dict(data or {})
-    unknown = set(data) - TOP_KEYS
-    if unknown:
-        key = sorted(unknown)[0]
-        raise ConfigError(f"{where(key)}: unknown key {key!r} (see alerts/mixin.example.yml)")
-    if "threshold" in data:  # the name before the one config
-        data.setdefault("hit_ratio_threshold", data.pop("threshold"))
+    winning over the file. ConfigError names file:line:column and the path of a bad key."""
+    cf = (ConfigFile.load(path, "mixin config") if path
+             else ConfigFile(data or {}, what="mixin config"))
+    data = dict(cf.data)
+    cf.check_keys(data, TOP_KEYS)
     if threshold is not None:
         data["hit_ratio_threshold"] = threshold
     kwargs: dict[str, Any] = {}
@@ -222,52 +209,52 @@ def load_config(path: str | None = None, threshold: float | None = None,
         if data[key] is not None:
             is_text = isinstance(getattr(defaults, key), str) or key == "cluster_label"
             kwargs[key] = str(data[key]) if is_text else data[key]
-    kwargs.update(_selectors(data, where))
-    kwargs["models"] = _models(data.get("models"), where)
+    kwargs.update(_selectors(data, cf))
+    kwargs["models"] = _models(data.get("models"), cf)
     if data.get("windows") is not None:
-        kwargs["windows"] = _windows(data["windows"], where)
+        kwargs["windows"] = _windows(data["windows"], cf)
     if data.get("dashboards") is not None:
-        kwargs["dashboards"] = _dashboards(data["dashboards"], where)
-    if data.get("runbook_url"):
-        kwargs.setdefault("runbook_url_pattern", str(data["runbook_url"]) + "#{anchor}")
+        kwargs["dashboards"] = _dashboards(data["dashboards"], cf)
     if data.get("diagnosis") is not None:
         if not isinstance(data["diagnosis"], Mapping):
-            raise ConfigError(f"{where('diagnosis')}: diagnosis must be a mapping")
+            raise ConfigError(f"{cf.where('diagnosis')}: diagnosis must be a mapping")
+        cf.check_keys(data["diagnosis"], settings.DIAGNOSIS_KEYS, "diagnosis")
         kwargs["diagnosis_overrides"] = dict(data["diagnosis"])
     try:
         cfg = MixinConfig(**kwargs)
     except TypeError as exc:
-        raise ConfigError(f"{where.path}: {exc}") from exc
-    _check(cfg, where)
+        raise ConfigError(f"{cf.path}: {exc}") from exc
+    _check(cfg, cf)
     return cfg
 
 
-def _selectors(data: Mapping[str, Any], where: _Where) -> dict[str, str]:
+def _selectors(data: Mapping[str, Any], cf: ConfigFile) -> dict[str, str]:
     section = data.get("selectors") or {}
-    if not isinstance(section, Mapping) or set(section) - {"job", "matchers"}:
-        raise ConfigError(f"{where('selectors')}: selectors takes job: and matchers:")
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{cf.where('selectors')}: selectors takes job: and matchers:")
+    cf.check_keys(section, ("job", "matchers"), "selectors")
     out = {k: str(v) for k, v in section.items() if v is not None}
-    if data.get("selector"):  # the name before the one config
-        out.setdefault("matchers", str(data["selector"]))
     matchers = out.get("matchers", "")
     if matchers.strip() and not _MATCHERS.fullmatch(matchers):
-        raise ConfigError(f"{where('selectors', 'matchers')}: matchers (selector) must look "
+        raise ConfigError(f"{cf.where('selectors', 'matchers')}: matchers (selector) must look "
                           'like job="vllm",namespace="prod"')
     if '"' in out.get("job", "") or "\\" in out.get("job", ""):
-        raise ConfigError(f"{where('selectors', 'job')}: job is a regex without quotes")
+        raise ConfigError(f"{cf.where('selectors', 'job')}: job is a regex without quotes")
     return out
 
 
-def _models(section: Any, where: _Where) -> dict[str, ModelOverride]:
+def _models(section: Any, cf: ConfigFile) -> dict[str, ModelOverride]:
     if section is None:
         return {}
     if not isinstance(section, Mapping):
-        raise ConfigError(f"{where('models')}: models must map a model name to its settings")
+        raise ConfigError(f"{cf.where('models')}: models must map a model name to its "
+                          "settings")
     out = {}
     for model, spec in section.items():
-        at = where("models", str(model))
-        if not isinstance(spec, Mapping) or set(spec) - {"threshold", "disabled"}:
+        at = cf.where("models", str(model))
+        if not isinstance(spec, Mapping):
             raise ConfigError(f"{at}: models.{model}: use threshold: and/or disabled:")
+        cf.check_keys(spec, ("threshold", "disabled"), "models", str(model))
         value = spec.get("threshold")
         out[str(model)] = ModelOverride(
             threshold=None if value is None else settings.check_share(
@@ -276,52 +263,50 @@ def _models(section: Any, where: _Where) -> dict[str, ModelOverride]:
     return out
 
 
-def _windows(value: Any, where: _Where) -> tuple[str, ...]:
+def _windows(value: Any, cf: ConfigFile) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"{where('windows')}: windows is a list of durations")
-    out = tuple(settings.check_duration("windows", str(w), where("windows")) for w in value)
-    missing = [w for w in rulenames.ALERT_RATIO_WINDOWS if w not in out]
-    if missing:
-        raise ConfigError(f"{where('windows')}: windows must keep {', '.join(missing)} "
-                          "(the alerts read them)")
-    return out
+        raise ConfigError(f"{cf.where('windows')}: windows is a list of durations")
+    return tuple(settings.check_duration("windows", str(w), cf.where("windows", str(i)))
+                 for i, w in enumerate(value))
 
 
-def _dashboards(value: Any, where: _Where) -> DashboardSettings:
-    if not isinstance(value, Mapping) or set(value) - _DASHBOARD_KEYS:
-        raise ConfigError(f"{where('dashboards')}: dashboards takes "
+def _dashboards(value: Any, cf: ConfigFile) -> DashboardSettings:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{cf.where('dashboards')}: dashboards takes "
                           f"{', '.join(sorted(_DASHBOARD_KEYS))}")
+    cf.check_keys(value, _DASHBOARD_KEYS, "dashboards")
     out = DashboardSettings(**{k: str(v) for k, v in value.items()})
-    settings.check_duration("dashboards.refresh", out.refresh, where("dashboards", "refresh"))
+    settings.check_duration("dashboards.refresh", out.refresh,
+                            cf.where("dashboards", "refresh"))
     return out
 
 
-def _check(cfg: MixinConfig, where: _Where) -> None:
+def _check(cfg: MixinConfig, cf: ConfigFile) -> None:
     for name in ("hit_ratio_threshold", "regression_drop", "outlier_gap", "kv_usage_high",
                  "offload_failure_share"):
-        key = "threshold" if name == "hit_ratio_threshold" and ("threshold",) in where.marks \
-            else name
-        settings.check_share(name, getattr(cfg, name), where(key))
+        settings.check_share(name, getattr(cfg, name), cf.where(name))
     for name in ("cold_start", "evaluation_interval", "critical_short_window",
-                 "critical_long_window", "critical_for", "kv_window", "kv_for"):
-        settings.check_duration(name, getattr(cfg, name), where(name))
+                 "critical_long_window", "critical_for", "warning_window", "warning_for",
+                 "regression_for", "baseline_window", "baseline_offset", "eviction_for",
+                 "tier_for", "kv_window", "kv_for"):
+        settings.check_duration(name, getattr(cfg, name), cf.where(name))
     if parse_duration(cfg.critical_short_window) >= parse_duration(cfg.critical_long_window):
-        raise ConfigError(f"{where('critical_short_window')}: critical_short_window must be "
+        raise ConfigError(f"{cf.where('critical_short_window')}: critical_short_window must be "
                           "shorter than critical_long_window")
-    settings.check_hit_ratio_mode(cfg.hit_ratio, where(settings.HIT_RATIO_KEY))
+    settings.check_hit_ratio_mode(cfg.hit_ratio, cf.where(settings.HIT_RATIO_KEY))
     for name in ("time_scale", "min_query_tokens_per_second", "block_size", "page_size"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (
                 value == 0 and name != "min_query_tokens_per_second"):
-            raise ConfigError(f"{where(name)}: {name} must be a positive number")
+            raise ConfigError(f"{cf.where(name)}: {name} must be a positive number")
     if cfg.cluster_label is not None and (
             not _LABEL.fullmatch(cfg.cluster_label) or cfg.cluster_label in _RESERVED_LABELS):
-        raise ConfigError(f"{where('cluster_label')}: cluster_label must be a label name other "
+        raise ConfigError(f"{cf.where('cluster_label')}: cluster_label must be a label name other "
                           f"than {', '.join(sorted(_RESERVED_LABELS))}")
     if "{anchor}" not in cfg.runbook_url_pattern:
-        raise ConfigError(f"{where('runbook_url_pattern')}: runbook_url_pattern needs "
+        raise ConfigError(f"{cf.where('runbook_url_pattern')}: runbook_url_pattern needs "
                           "{anchor} (the section, e.g. prefixcachehitratelow)")
     try:
         cfg.diagnosis  # noqa: B018 - validates the diagnosis section
     except ConfigError as exc:
-        raise ConfigError(f"{where('diagnosis')}: {str(exc).split(': ', 1)[1]}") from exc
+        raise ConfigError(f"{cf.where('diagnosis')}: {str(exc).split(': ', 1)[1]}") from exc

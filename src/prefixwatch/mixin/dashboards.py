@@ -18,7 +18,8 @@ from prefixwatch.mixin import layout
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.grafanajson import SCHEMA_VERSION, normalize, queries  # noqa: F401
 from prefixwatch.mixin.grafanajson import to_json as _to_json
-from prefixwatch.mixin.panels import DATASOURCE, Panels  # noqa: F401
+from prefixwatch.mixin.panelbase import DATASOURCE
+from prefixwatch.mixin.panels import Panels
 from prefixwatch.mixin.sources import SOURCES, Source, source  # noqa: F401
 
 

@@ -2,13 +2,10 @@
 replicas, or one). Every threshold, selector and text comes from the MixinConfig; a panel whose
 series the source lacks (SGLang has no external cache, no prompt-length histogram) is left out.
 
-Why it is over 400 lines: one method per panel, each mostly its on-call text; splitting
-them by dashboard would scatter panels that share their PromQL helpers.
+The helpers every panel shares are panelbase.py's.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from grafanalib import core as g
 
@@ -32,88 +29,15 @@ from prefixwatch.core.rulenames import (
     r_recomputed,
     r_tier_tokens,
 )
-from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.kvrules import KV_DASHBOARD_WINDOW
-from prefixwatch.mixin.layout import Placed
+from prefixwatch.mixin.panelbase import PanelBase
 from prefixwatch.mixin.promql import tier_rates
-from prefixwatch.mixin.sources import Source
 
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
-class Panels:
-    """Panels in the order they are added; ``layout.flow`` places them."""
-
-    def __init__(self, s: Source, cfg: MixinConfig, one_replica: bool) -> None:
-        self.s = s
-        self.cfg = cfg
-        self.one = one_replica
-        self.placed: list[Placed] = []
-        self.thr = cfg.hit_ratio_threshold
-
-    # -- selectors ---------------------------------------------------------------------------
-
-    def matchers(self, *, model: bool = True, replica: str | None = None,
-                 raw: bool = True) -> str:
-        """``{cluster, job, model, replica, extra matchers}`` as the scope asks; recorded
-        series (raw=False) carry only the cluster and the model."""
-        parts = []
-        if self.cfg.cluster_label:
-            parts.append(f'{self.cfg.cluster_label}=~"$cluster"')
-        if raw:
-            parts.append('job=~"$job"')
-        if model:
-            parts.append('model_name=~"$model"')
-        replica = replica if replica is not None else self.s.replica_label
-        if raw and self.one and replica:
-            parts.append(f'{replica}=~"$instance"')
-        if raw and self.cfg.matchers.strip():
-            parts.append(self.cfg.matchers.strip().rstrip(","))
-        return "{" + ",".join(parts) + "}"
-
-    def sel(self, metric: str, extra: str = "") -> str:
-        scope = self.matchers()
-        if extra:
-            scope = scope[:-1] + ("," if scope != "{}" else "") + extra + "}"
-        return metric + scope
-
-    def recorded(self, name: str, extra: str = "") -> str:
-        inner = self.matchers(raw=False)[:-1] + (f",{extra}" if extra else "") + "}"
-        return name + inner
-
-    def rate(self, metric: str, extra: str = "") -> str:
-        return f"rate({self.sel(metric, extra)}[$__rate_interval])"
-
-    def hits_rate(self) -> str:
-        """The device tier's hits per second (SGLang's family counts every tier)."""
-        return self.rate(self.s.hits, self.s.hits_matchers)
-
-    def ratio(self, by: str) -> str:
-        hits = f"sum by ({by}) ({self.hits_rate()})"
-        queries = f"sum by ({by}) ({self.rate(self.s.queries)})"
-        return f"{hits}\n/\n({queries} > 0)"
-
-    def quantile(self, q: str, bucket: str, by: str = "model_name") -> str:
-        return f"histogram_quantile({q}, sum by ({by}, le) ({self.rate(bucket)}))"
-
-    @staticmethod
-    def target(expr: str, legend: str, ref: str) -> g.Target:
-        return g.Target(expr=expr, legendFormat=legend, refId=ref, datasource=DATASOURCE)
-
-    def add(self, panel: Any, w: int, h: int) -> None:
-        panel.dataSource = DATASOURCE
-        self.placed.append(Placed(panel, w, h))
-
-    def hit_thresholds(self) -> list[g.Threshold]:
-        return [g.Threshold("red", 0, 0.0), g.Threshold("green", 1, self.thr)]
-
-    def threshold_note(self) -> str:
-        own = sorted(m for m, o in self.cfg.models.items()
-                     if o.threshold is not None or o.disabled)
-        return f" (the default; {', '.join(own)} have their own)" if own else ""
-
-    # -- panels ------------------------------------------------------------------------------
+class Panels(PanelBase):
+    """One method per panel, each mostly its on-call text."""
 
     def hit_rate_now(self, w: int = 6, h: int = 5) -> None:
         expr = self.ratio("model_name") if self.one else self.recorded(r_ratio(MODEL, "5m"))
@@ -129,9 +53,9 @@ class Panels:
 
     def ttft_now(self, w: int = 6, h: int = 5) -> None:
         quantiles = (("0.5", "50", "A"), ("0.95", "95", "B"))
-        assert self.s.ttft_bucket
+        assert self.s.ttft
         if self.one:
-            targets = [self.target(self.quantile(q, self.s.ttft_bucket),
+            targets = [self.target(self.quantile(q, self.s.ttft),
                                    f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
         else:
             targets = [self.target(self.recorded(R_TTFT, f'quantile="{q}"'),
@@ -177,7 +101,7 @@ class Panels:
             thresholds=self.hit_thresholds()), w, h)
 
     def hit_rate_vs_ttft(self, w: int = 12, h: int = 8) -> None:
-        assert self.s.ttft_bucket
+        assert self.s.ttft
         overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
                       "properties": [{"id": "custom.axisPlacement", "value": "right"},
                                      {"id": "unit", "value": "s"},
@@ -189,9 +113,9 @@ class Panels:
                         "rate moves and TTFT does not, the cache or the routing is "
                         "misconfigured.",
             targets=[self.target(self.ratio("model_name"), "hit rate {{model_name}}", "A"),
-                     self.target(self.quantile("0.5", self.s.ttft_bucket),
+                     self.target(self.quantile("0.5", self.s.ttft),
                                  "TTFT p50 {{model_name}}", "B"),
-                     self.target(self.quantile("0.95", self.s.ttft_bucket),
+                     self.target(self.quantile("0.95", self.s.ttft),
                                  "TTFT p95 {{model_name}}", "C")],
             unit="percentunit", valueMin=0, overrides=overrides), w, h)
 
@@ -303,7 +227,7 @@ class Panels:
             unit="percentunit", valueMin=0, overrides=overrides), w, h)
 
     def prompt_length(self, w: int = 12, h: int = 8) -> None:
-        if not self.s.prompt_len_bucket:
+        if not self.s.prompt_len:
             return
         unit = (f"one page ({self.cfg.page_size} tokens)" if self.s.engine == "sglang"
                 else f"one block ({self.cfg.block_size} tokens)")
@@ -312,9 +236,9 @@ class Panels:
             description=f"Prompt tokens per request. Prompts under {unit} can never hit; a "
                         "p99 far above the p50 means prompts share little, so the cache cannot "
                         "help much.",
-            targets=[self.target(self.quantile("0.5", self.s.prompt_len_bucket),
+            targets=[self.target(self.quantile("0.5", self.s.prompt_len),
                                  "p50 {{model_name}}", "A"),
-                     self.target(self.quantile("0.99", self.s.prompt_len_bucket),
+                     self.target(self.quantile("0.99", self.s.prompt_len),
                                  "p99 {{model_name}}", "B")],
             unit="short"), w, h)
 
@@ -379,7 +303,7 @@ class Panels:
 
     def where_misses_go(self, w: int = 12, h: int = 8) -> None:
         """The ledger's shares per model as bars, TTFT beside them on the right axis."""
-        assert self.s.ttft_bucket
+        assert self.s.ttft
         missed = self.recorded(R_LEDGER_SHARE, 'part!="achieved"')
         overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
                       "properties": [{"id": "custom.axisPlacement", "value": "right"},

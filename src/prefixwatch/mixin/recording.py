@@ -18,30 +18,28 @@ from prefixwatch.core.rulenames import (
     MODEL_TARGET_TIER,
     MODEL_TIER,
     R_ACHIEVABLE,
-    R_BASELINE,
-    R_EFFECTIVE_BASELINE,
     R_KV,
     R_LEDGER_SHARE,
     R_LEDGER_TOKENS,
     R_MISSED,
-    R_OFFLOAD_FAILED,
     R_PREEMPT,
     R_PROMPT_LEN,
     R_RESETS,
     R_SAVED_SHARE,
-    R_TIER_ACTIVE,
     R_TTFT,
     R_TTFT_TARGET,
     R_WAITING,
-    TARGET_WINDOWS,
+    REPLICA_WINDOW,
     r_cached,
     r_effective,
     r_hits,
     r_lower_tier,
+    r_offload_failed,
     r_prompt,
     r_queries,
     r_ratio,
     r_recomputed,
+    r_tier_active,
     r_tier_tokens,
 )
 from prefixwatch.core.tiers import TIER_DEVICE
@@ -70,23 +68,23 @@ class Recording(Exprs):
             rec(r_queries(MODEL, w), self.by_model(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
             rec(r_hits(MODEL, w), self.by_model(f"rate({self.hits_sel()}[{self.w(w)}])"))
             rec(r_ratio(MODEL, w), f"{r_hits(MODEL, w)} / ({r_queries(MODEL, w)} > 0)")
-        for w in TARGET_WINDOWS:
+        for w in self.cfg.target_windows:
             rec(r_queries(MODEL_TARGET, w),
                 self.by_target(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
             rec(r_hits(MODEL_TARGET, w), self.by_target(f"rate({self.hits_sel()}[{self.w(w)}])"))
             rec(r_ratio(MODEL_TARGET, w),
                 f"{r_hits(MODEL_TARGET, w)} / ({r_queries(MODEL_TARGET, w)} > 0)")
-        base, offset = self.w("2h"), self.w("1h")
-        rec(R_BASELINE,
+        base, offset = self.w(self.cfg.baseline_window), self.w(self.cfg.baseline_offset)
+        rec(self.cfg.baseline(),
             self.by_model(f"rate({self.hits_sel()}[{base}] offset {offset})") + "\n/\n(" +
             self.by_model(f"rate({self.sel(s.queries)}[{base}] offset {offset})") + " > 0)")
         rules.extend(self.tier_rules())
         cold = self.w(self.cfg.cold_start)
         rec(R_RESETS, self.by_model(f"resets({self.sel(s.queries)}[{cold}])", op="max"))
         for name, bucket, quantiles, per_target in (
-                (R_TTFT, s.ttft_bucket, ("0.5", "0.95", "0.99"), False),
-                (R_TTFT_TARGET, s.ttft_bucket, ("0.5", "0.95"), True),
-                (R_PROMPT_LEN, s.prompt_len_bucket, ("0.5", "0.99"), False)):
+                (R_TTFT, s.ttft, ("0.5", "0.95", "0.99"), False),
+                (R_TTFT_TARGET, s.ttft, ("0.5", "0.95"), True),
+                (R_PROMPT_LEN, s.prompt_len, ("0.5", "0.99"), False)):
             if bucket is None:
                 continue
             rate = f"rate({self.sel(bucket)}[{self.w('5m')}])"
@@ -168,7 +166,7 @@ class Recording(Exprs):
             out.append({"record": name, "expr": expr})
 
         levels = [(MODEL, MODEL_TIER, w, False) for w in self.cfg.recorded_windows]
-        levels += [(MODEL_TARGET, MODEL_TARGET_TIER, w, True) for w in TARGET_WINDOWS]
+        levels += [(MODEL_TARGET, MODEL_TARGET_TIER, w, True) for w in self.cfg.target_windows]
         for level, tier_level, w, per_target in levels:
             group = self.labels(MODEL, *(("target",) if per_target else ()))
             on = f"on ({group})"
@@ -179,27 +177,27 @@ class Recording(Exprs):
             rec(r_effective(level, w), f"{r_cached(level, w)} / ({r_prompt(level, w)} > 0)")
             rec(r_recomputed(level, w),
                 f"clamp_min({r_prompt(level, w)} - {on} {r_cached(level, w)}, 0)")
-            if not per_target and w in ("5m", "15m"):
+            if not per_target and w in (REPLICA_WINDOW, self.cfg.warning_window):
                 device = f'{r_tier_tokens(tier_level, w)}{{tier="{TIER_DEVICE}"}}'
                 rec(r_lower_tier(level, w),
                     f"({r_cached(level, w)} - {on} {device})\n/ {on}\n"
                     f"(({r_prompt(level, w)} - {on} {device}) > 0)")
-        base, offset = self.w("2h"), self.w("1h")
+        base, offset = self.w(self.cfg.baseline_window), self.w(self.cfg.baseline_offset)
         cached = self.by_model(self.tier_rates(f"[{base}] offset {offset}", False))
-        rec(R_EFFECTIVE_BASELINE, cached + "\n/\n(" + self.by_model(
+        rec(self.cfg.baseline(effective=True), cached + "\n/\n(" + self.by_model(
             f"rate({self.sel(t.total)}[{base}] offset {offset})") + " > 0)")
-        w15 = self.w("15m")
+        warning, w15 = self.cfg.warning_window, self.w(self.cfg.warning_window)
         signals = [f"{self.by_model(f'rate({self.sel(m, x)}[{w15}])')} > 0"
                    for m, x in t.active_counters]
         signals += [f"{self.by_model(f'max_over_time({self.sel(g)}[{w15}])', op='max')} > 0"
                     for g in t.active_gauges]
         if signals:
-            rec(R_TIER_ACTIVE, f"count by ({self.labels(MODEL)}) (\n" + "\nor\n".join(signals)
-                + "\n)")
+            rec(r_tier_active(warning),
+                f"count by ({self.labels(MODEL)}) (\n" + "\nor\n".join(signals) + "\n)")
         if t.offload_outcomes:
             failed = f'{t.offload_label}=~"{"|".join(t.offload_failed)}"'
             tried = f'{t.offload_label}=~"{"|".join((t.offload_stored, *t.offload_failed))}"'
-            rec(R_OFFLOAD_FAILED,
+            rec(r_offload_failed(warning),
                 self.by_target(f"rate({self.sel(t.offload_outcomes, failed)}[{w15}])")
                 + "\n/\n(" +
                 self.by_target(f"rate({self.sel(t.offload_outcomes, tried)}[{w15}])") + " > 0)")

@@ -2,7 +2,7 @@
 
 ``Builder`` joins ``recording.Recording`` and ``alerts.Alerts``; ``render`` writes the YAML
 that is committed under alerts/. The alert and recorded-series names live in
-``core/rulenames.py`` (re-exported here for the callers that already import them from here).
+``core/rulenames.py``.
 """
 
 from __future__ import annotations
@@ -11,44 +11,9 @@ from typing import Any
 
 import yaml
 
-from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.rulenames import (  # noqa: F401 - re-exported names
-    ALERT_ABSENT,
-    ALERT_EVICTION,
-    ALERT_LOW,
-    ALERT_OUTLIER,
-    ALERT_REGRESSION,
-    ALERT_WATCHDOG,
-    ALERTS,
-    DEFAULT_RUNBOOK_URL,
-    MODEL,
-    MODEL_TARGET,
-    R_ACHIEVABLE,
-    R_BASELINE,
-    R_KV,
-    R_MISSED,
-    R_PREEMPT,
-    R_PROMPT_LEN,
-    R_RESETS,
-    R_SAVED_SHARE,
-    R_TTFT,
-    R_TTFT_TARGET,
-    R_WAITING,
-    RATIO_WINDOWS,
-    TARGET_WINDOWS,
-    r_hits,
-    r_queries,
-    r_ratio,
-)
-from prefixwatch.mixin.alerts import NO_DIAGNOSIS, Alerts, render_diagnosis  # noqa: F401
-from prefixwatch.mixin.config import MixinConfig, load_config, prom_duration  # noqa: F401
-from prefixwatch.mixin.promql import promql_regex_literal, promql_string  # noqa: F401
+from prefixwatch.mixin.alerts import Alerts
+from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.recording import Recording
-from prefixwatch.mixin.sources import SOURCES  # noqa: F401
-
-#: The names before the one config: the same classes.
-RulesConfig = MixinConfig
-RulesConfigError = ConfigError
 
 
 class Builder(Recording, Alerts):

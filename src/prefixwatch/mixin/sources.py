@@ -1,17 +1,18 @@
 """THE source table: which raw series the rules, dashboards and promtool tests read, by role.
 
 A source is where Prometheus gets the prefix-cache counters: the exporter's ``prefixwatch_*``
-series (``core/names.py``), or an engine's own series scraped directly (``core/schemas.py``).
+series, or an engine's own series scraped directly: both columns of the family table
+(``core/families.py``).
 Rules, dashboards and the generated promtool tests all look names up here; nothing else in the
 mixin spells a raw series name.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names, schemas, tiers
+from prefixwatch.core import families, names, schemas, tiers
 from prefixwatch.core.errors import ConfigError
 
 SOURCES = ("exporter", "vllm", "sglang")
@@ -73,34 +74,17 @@ def _sglang_mapping() -> tuple[tuple[str, str], ...]:
             (tiers.SGLANG_SOURCE_HOST, tiers.TIER_HOST))
 
 
-def tier_of(series: TierSeries, value: str) -> str:
-    """The tier the recording rules give one ``label`` value (mirrors the PromQL chain)."""
-    out = tiers.TIER_UNKNOWN if series.mapping else value
-    for regex, tier in series.mapping:
-        if re.fullmatch(regex, value):
-            out = tier
-    return out
-
-
 @dataclass(frozen=True)
 class Source:
-    """Raw series names of one source, by role (None: the source has no such series)."""
+    """Raw series names of one source, by the family table's roles (core/families.py):
+    ``src.queries``, ``src.ttft`` (a histogram's ``_bucket`` series)... None where the source
+    has no such series."""
 
     name: str
-    queries: str
-    hits: str
     replica_label: str  # the label naming a replica on the raw series
     liveness: str  # a series whose absence means "no data at all"
-    ext_queries: str | None = None
-    ext_hits: str | None = None
-    prompt_tokens: str | None = None
-    prompt_tokens_cached: str | None = None
-    ttft_bucket: str | None = None
-    prompt_len_bucket: str | None = None
-    kv_usage: str | None = None
-    preemptions: str | None = None
-    running: str | None = None
-    waiting: str | None = None
+    #: Role -> raw series name, from the family table.
+    raw: Mapping[str, str]
     target_up: str | None = None  # the exporter's per-target up
     scrape_errors: str | None = None  # the exporter's failed polls, by reason
     #: The engine whose caching unit the texts name ("block" for vLLM, "page" for SGLang).
@@ -110,6 +94,11 @@ class Source:
     #: Matchers that keep the device tier of ``hits`` (SGLang counts every tier in one family).
     hits_matchers: str = ""
     tiers: TierSeries | None = None
+
+    def __getattr__(self, role: str) -> str | None:
+        if role not in families.BY_ROLE:
+            raise AttributeError(role)
+        return self.raw.get(role)
 
     @property
     def title(self) -> str:
@@ -123,28 +112,15 @@ class Source:
         return {"job": self.name, "instance": target, names.L_MODEL: model, **self.sample_extra}
 
 
-def _bucket(histogram: str | None) -> str | None:
-    return histogram + "_bucket" if histogram else None
-
-
 def _exporter() -> Source:
-    def counter(metric: names.OutMetric) -> str:
-        return metric.name + "_total"
-
+    counter = families.exposed
     return Source(
-        "exporter", queries=counter(names.OUT_QUERIES), hits=counter(names.OUT_HITS),
-        replica_label=names.L_TARGET, liveness=names.OUT_BUILD_INFO.name + "_info",
-        ext_queries=counter(names.OUT_EXT_QUERIES), ext_hits=counter(names.OUT_EXT_HITS),
-        prompt_tokens=counter(names.OUT_PROMPT_TOKENS),
-        prompt_tokens_cached=counter(names.OUT_PROMPT_TOKENS_CACHED),
-        ttft_bucket=_bucket(names.OUT_TTFT.name),
-        prompt_len_bucket=_bucket(names.OUT_PROMPT_LEN.name),
-        kv_usage=names.OUT_KV_USAGE.name, preemptions=counter(names.OUT_PREEMPTIONS),
-        running=names.OUT_RUNNING.name, waiting=names.OUT_WAITING.name,
+        "exporter", replica_label=names.L_TARGET, liveness=counter(names.OUT_BUILD_INFO),
+        raw={f.role: counter(f.out) for f in families.FAMILIES},
         target_up=names.OUT_TARGET_UP.name, scrape_errors=counter(names.OUT_SCRAPE_ERRORS),
         sample_extra={names.L_ENGINE: "0", names.L_SERVER: "vllm"},
         tiers=TierSeries(
-            cached=counter(names.OUT_PROMPT_TOKENS_CACHED_BY_TIER), label=names.L_TIER,
+            cached=counter(names.OUT_PROMPT_TOKENS_CACHED), label=names.L_TIER,
             total=counter(names.OUT_PROMPT_TOKENS),
             fallback=((counter(names.OUT_HITS), tiers.TIER_DEVICE),
                       (counter(names.OUT_EXT_HITS), tiers.TIER_UNKNOWN)),
@@ -153,12 +129,15 @@ def _exporter() -> Source:
 
 def _vllm_tiers() -> TierSeries:
     failed = _alternation(list(tiers.VLLM_OFFLOAD_OUTCOMES_FAILED))
+
+    def v1(role: str) -> str:
+        return families.read(role, families.VLLM_V1)
+
     return TierSeries(
         cached=tiers.VLLM_CACHED_BY_SOURCE, label=tiers.VLLM_SOURCE_LABEL,
-        total=tiers.VLLM_DEVICE_QUERIES, mapping=_vllm_mapping(),
-        fallback=((tiers.VLLM_DEVICE_HITS, tiers.TIER_DEVICE),
-                  (tiers.VLLM_EXTERNAL_HITS, tiers.TIER_UNKNOWN)),
-        active_counters=((tiers.VLLM_EXTERNAL_QUERIES, ""),
+        total=v1("queries"), mapping=_vllm_mapping(),
+        fallback=((v1("hits"), tiers.TIER_DEVICE), (v1("ext_hits"), tiers.TIER_UNKNOWN)),
+        active_counters=((v1("ext_queries"), ""),
                          (tiers.VLLM_OFFLOAD_SAVE_OUTCOMES,
                           f'{tiers.VLLM_OFFLOAD_OUTCOME_LABEL}='
                           f'"{tiers.VLLM_OFFLOAD_OUTCOME_STORED}"')),
@@ -171,7 +150,7 @@ def _vllm_tiers() -> TierSeries:
 def _sglang_tiers() -> TierSeries:
     return TierSeries(
         cached=tiers.SGLANG_CACHED_BY_SOURCE, label=tiers.SGLANG_SOURCE_LABEL,
-        total=schemas.SGLANG.prompt_tokens or "", mapping=_sglang_mapping(),
+        total=families.read("prompt_tokens", families.SGLANG), mapping=_sglang_mapping(),
         written=((tiers.TIER_DEVICE, tiers.SGLANG_SOURCE_DEVICE),
                  (tiers.TIER_HOST, tiers.SGLANG_SOURCE_HOST)),
         active_counters=((tiers.SGLANG_HICACHE_BACKUP_TOKENS, ""),),
@@ -180,15 +159,11 @@ def _sglang_tiers() -> TierSeries:
 
 def _engine(name: str, schema: schemas.SourceSchema, extra: dict[str, str],
             tier_series: TierSeries, hits_matchers: str = "") -> Source:
-    assert schema.queries and schema.hits, f"{schema.schema} has no prefix-cache counters"
-    return Source(
-        name, queries=schema.queries, hits=schema.hits, replica_label="instance",
-        liveness=schema.queries, ext_queries=schema.ext_queries, ext_hits=schema.ext_hits,
-        prompt_tokens=schema.prompt_tokens, prompt_tokens_cached=schema.prompt_tokens_cached,
-        ttft_bucket=_bucket(schema.ttft), prompt_len_bucket=_bucket(schema.prompt_len),
-        kv_usage=schema.kv_usage, preemptions=schema.preemptions, running=schema.running,
-        waiting=schema.waiting, engine=schema.server, sample_extra=extra,
-        hits_matchers=hits_matchers, tiers=tier_series)
+    raw = {f.role: read + ("_bucket" if f.kind == "histogram" else "")
+           for f in families.FAMILIES if (read := f.read_on(schema.schema))}
+    return Source(name, replica_label="instance", liveness=raw["queries"], raw=raw,
+                  engine=schema.server, sample_extra=extra, hits_matchers=hits_matchers,
+                  tiers=tier_series)
 
 
 _TABLE: dict[str, Source] = {

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from prefixwatch.core import names, settings
+from prefixwatch.core import names
 from prefixwatch.core.version import __version__
 from prefixwatch.mixin import dashboards, rules
 from prefixwatch.mixin.config import MixinConfig
@@ -127,7 +127,7 @@ def k8s_dashboards(cfg: MixinConfig) -> list[dict[str, Any]]:
 def exporter_config(cfg: MixinConfig) -> dict[str, Any]:
     """The exporter's --config file: the diagnosis settings this mixin config implies (the
     exporter reads the same keys, core/settings.py)."""
-    return {settings.DIAGNOSIS_KEY: cfg.diagnosis.as_mapping()}
+    return cfg.diagnosis.as_config()
 
 
 def k8s_exporter_config(cfg: MixinConfig) -> dict[str, Any]:

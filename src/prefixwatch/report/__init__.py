@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefixwatch.report.collect import Collector, ReportData, Request
+from prefixwatch.report.collect import Collector
 from prefixwatch.report.divergence import Finding, first_divergence
+from prefixwatch.report.model import ReportData, Request
 from prefixwatch.report.promapi import PromClient, ReportError
 
 __all__ = ["ReportError", "Request", "Written", "write_report"]

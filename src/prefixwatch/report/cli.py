@@ -1,9 +1,10 @@
-"""`prefixwatch report`'s flags and run; cli.py passes the alert threshold in."""
+"""`prefixwatch report`'s flags and run; cli.py passes in what pages (from the mixin config)."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from prefixwatch.core.errors import ConfigError
@@ -34,12 +35,10 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--model", metavar="NAME",
                    help="model_name to report on (default: the busiest in range)")
     p.add_argument("--config", metavar="FILE",
-                   help="the mixin's rules config (alerts/mixin.example.yml): its "
-                        "threshold is drawn and used for the phases")
+                   help="the mixin's rules config (alerts/mixin.example.yml): the report "
+                        "reads the ratio, window and threshold that page under it")
     p.add_argument("--threshold", type=float, metavar="RATIO",
                    help="alert threshold (0-1; default: the config's, else the default)")
-    p.add_argument("--window", metavar="DURATION",
-                   help="rate window of the curves (default: four scrape intervals)")
     p.add_argument("--requests-log", metavar="PATH",
                    help="a request log (JSONL or vLLM's): add the first divergent token, "
                         "decoded, and its fix")
@@ -86,8 +85,19 @@ def time_range(args: argparse.Namespace, now: float | None = None) -> tuple[floa
     return parse_time(args.start), end
 
 
-def run_report(args: argparse.Namespace, threshold: float) -> int:
-    """Write the report; ``threshold`` comes from --threshold, the mixin config or core."""
+@dataclass(frozen=True)
+class Paging:
+    """What pages: the threshold, the ratio it judges, the recorded window the critical alert
+    reads and the rules' time scale."""
+
+    threshold: float
+    hit_ratio: str
+    window: str
+    time_scale: float
+
+
+def run_report(args: argparse.Namespace, paging: Paging) -> int:
+    """Write the report on the series that page."""
     start, end = time_range(args)
     if end <= start:
         raise ConfigError("--from must be before --to")
@@ -97,12 +107,9 @@ def run_report(args: argparse.Namespace, threshold: float) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be greater than 0")
     if args.block_size < 1:
         raise ConfigError("--block-size must be at least 1")
-    try:
-        window = parse_duration(args.window) if args.window else None
-    except ValueError as exc:
-        raise ConfigError(f"--window: {exc}") from None
-    request = Request(start, end, threshold, args.model, window,
-                      args.prefill_tokens_per_second, args.price_per_million_tokens)
+    request = Request(start, end, paging.threshold, args.model, paging.window, paging.time_scale,
+                      paging.hit_ratio, args.prefill_tokens_per_second,
+                      args.price_per_million_tokens)
     written = write_report(args.prometheus, args.out, request, args.requests_log,
                            args.block_size, args.tokenizer, args.timeout)
     print(f"wrote {written.html} and {written.markdown} ({len(written.figures)} figure files) "

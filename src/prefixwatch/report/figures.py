@@ -16,10 +16,12 @@ import matplotlib
 matplotlib.use("Agg")
 
 from matplotlib import dates as mdates  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
 
-from prefixwatch.report.collect import ReportData  # noqa: E402
+from prefixwatch.core.rulenames import REPLICA_WINDOW  # noqa: E402
+from prefixwatch.report.model import ReportData  # noqa: E402
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.8, 5.6, 100
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e"}
@@ -48,6 +50,7 @@ def _dt(ts: Sequence[float]) -> list[datetime]:
 
 def _new(title: str) -> tuple[Figure, object]:
     fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer to measure the legend with
     ax = fig.add_subplot()
     ax.set_title(title, fontsize=15, loc="left", pad=12)
     ax.grid(True, color="#e6e6e6", linewidth=0.8)
@@ -91,9 +94,23 @@ def _export(fig: Figure, name: str, title: str) -> Drawn:
     return Drawn(name, title, png.getvalue(), svg.getvalue())
 
 
+def _legend(fig: Figure, handles: list | None = None) -> None:
+    """The legend under the axes, in as many columns as fit the figure's width (never cut)."""
+    handles = handles if handles is not None else [
+        h for ax in fig.axes for h in ax.get_legend_handles_labels()[0]]
+    renderer = fig.canvas.get_renderer()
+    for ncols in range(min(6, len(handles)), 0, -1):
+        legend = fig.legend(handles=handles, loc="outside lower center", ncols=ncols,
+                            fontsize=11, frameon=False)
+        if ncols == 1 or legend.get_window_extent(renderer).width <= 0.96 * fig.bbox.width:
+            return
+        legend.remove()
+
+
 def figure1(data: ReportData) -> Drawn:
-    """Hit ratio (fleet and per replica) and TTFT p50/p95 on two axes, alerts shaded."""
-    title = f"Prefix-cache hit ratio and time to first token: {data.model}"
+    """The ratio that pages (fleet, per replica) with the device ratio beside it, against the
+    threshold that pages, and TTFT p50/p95 on a second axis; alerts shaded."""
+    title = f"Prefix-cache {data.ratio_label} and time to first token: {data.model}"
     fig, ax = _new(title)
     handles = _shade_alerts(ax, data)
     palette = ["#6baed6", "#74c476", "#9e9ac8", "#fdae6b", "#a1d99b", "#bcbddc"]
@@ -101,19 +118,25 @@ def figure1(data: ReportData) -> Drawn:
         if len(data.replicas) > 1 and samples:
             ts, vs = zip(*samples, strict=True)
             (line,) = ax.plot(_dt(ts), vs, color=palette[i % len(palette)], linewidth=1.3,
-                              label=f"hit ratio, replica {target}" if i < 8 else None)
+                              label=f"replica {target} ({REPLICA_WINDOW})" if i < 8 else None)
             if i < 8:
                 handles.append(line)
+    if data.device:
+        ts, vs = zip(*data.device, strict=True)
+        (line,) = ax.plot(_dt(ts), vs, color="#6a51a3", linewidth=1.4, linestyle=(0, (2, 2)),
+                          label=f"device hit ratio, fleet ({data.ratio_window}; does not page)")
+        handles.insert(0, line)
     if data.fleet:
         ts, vs = zip(*data.fleet, strict=True)
-        (line,) = ax.plot(_dt(ts), vs, color="#08519c", linewidth=2.8, label="hit ratio, fleet")
+        (line,) = ax.plot(_dt(ts), vs, color="#08519c", linewidth=2.8,
+                          label=f"{data.ratio_label}, fleet ({data.ratio_window})")
         handles.insert(0, line)
     threshold = ax.axhline(data.threshold, color="#d62728", linestyle=(0, (6, 3)),
                            linewidth=1.4, label=f"alert threshold {data.threshold:.0%}")
     handles.append(threshold)
     ax.set_ylim(0, 1.02)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-    ax.set_ylabel(f"hit ratio (cached / prompt tokens, {data.window:.0f}s rate)", fontsize=12)
+    ax.set_ylabel(f"{data.ratio_label} (cached / prompt tokens)", fontsize=12)
     _time_axis(ax, data)
     if data.ttft:
         ax2 = ax.twinx()
@@ -136,8 +159,7 @@ def figure1(data: ReportData) -> Drawn:
     else:
         ax.text(0.99, 0.02, "TTFT: not available (no TTFT histogram in range)",
                 transform=ax.transAxes, ha="right", fontsize=10, color="#555555")
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(4, len(handles)),
-               fontsize=11, frameon=False)
+    _legend(fig, handles)
     return _export(fig, "figure1-hit-ratio-ttft", title)
 
 
@@ -167,7 +189,7 @@ def figure2(data: ReportData) -> Drawn | None:
     ax.set_ylabel(f"prompt tokens per second ({data.window:.0f}s rate)", fontsize=12)
     ax.set_ylim(bottom=0)
     _time_axis(ax, data)
-    fig.legend(loc="outside lower center", ncols=6, fontsize=11, frameon=False)
+    _legend(fig)
     return _export(fig, "figure2-tiers", title)
 
 
@@ -186,5 +208,5 @@ def figure3(data: ReportData) -> Drawn | None:
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_ylabel("share of prompt tokens", fontsize=12)
     _time_axis(ax, data)
-    fig.legend(loc="outside lower center", ncols=6, fontsize=11, frameon=False)
+    _legend(fig)
     return _export(fig, "figure3-ledger", title)

@@ -12,21 +12,23 @@ from datetime import UTC, datetime
 
 import jinja2
 
+from prefixwatch.core.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_tier_tokens
 from prefixwatch.core.version import __version__
-from prefixwatch.report.collect import TTFT_QUANTILES, ReportData
 from prefixwatch.report.divergence import Finding
 from prefixwatch.report.figures import Drawn
+from prefixwatch.report.model import TTFT_QUANTILES, ReportData
 
-NOT_AVAILABLE = {
-    "figure2-tiers": (
-        "Figure 2 (prompt tokens by cache tier and recomputed): not available: no "
-        "prefixwatch_prompt_tokens_cached_total{tier} series in this range (an exporter with "
-        "cache-tier counters writes them)."),
-    "figure3-ledger": (
-        "Figure 3 (where the misses go): not available: no prefixwatch_ledger_tokens_total"
-        "{part} series in this range (the exporter writes the ledger when it follows a "
-        "request log)."),
-}
+
+def not_available(name: str, data: ReportData) -> str:
+    """Why a figure is missing, naming the recorded series it reads."""
+    if name == "figure2-tiers":
+        return ("Figure 2 (prompt tokens by cache tier and recomputed): not available: no "
+                f"{r_tier_tokens(MODEL_TIER, data.ratio_window)} series in this range (an "
+                "exporter or engine with cache-tier counters feeds it).")
+    if name == "figure3-ledger":
+        return (f"Figure 3 (where the misses go): not available: no {R_LEDGER_SHARE} series "
+                "in this range (the exporter writes the ledger when it follows a request log).")
+    return ""
 
 
 def when(t: float | None, with_date: bool = False) -> str:
@@ -64,10 +66,10 @@ class Event:
 def timeline(data: ReportData) -> list[Event]:
     events: list[Event] = []
     cross = data.crossings
+    ratio = f"fleet {data.ratio_label} ({data.ratio_window})"
     if cross.first_drop is not None:
         value = dict(data.fleet).get(cross.first_drop)
-        prefix = ("fleet hit ratio already below" if cross.low_at_start
-                  else "fleet hit ratio first below")
+        prefix = f"{ratio} already below" if cross.low_at_start else f"{ratio} first below"
         events.append(Event(cross.first_drop, f"{prefix} the {data.threshold:.0%} threshold "
                                               f"({pct(value)})"))
     for alert in data.alerts:
@@ -82,7 +84,7 @@ def timeline(data: ReportData) -> list[Event]:
                                                     "(last firing evaluation)"))
     if cross.recovery is not None:
         value = dict(data.fleet).get(cross.recovery)
-        events.append(Event(cross.recovery, f"fleet hit ratio back above the threshold "
+        events.append(Event(cross.recovery, f"{ratio} back above the threshold "
                                             f"({pct(value)}): recovered"))
     elif cross.first_drop is not None:
         events.append(Event(data.end, "end of range: not recovered"))
@@ -100,7 +102,7 @@ def phase_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
                      *(pct(p.effective_ratio) for p in data.phases)])
     targets = sorted({t for p in data.phases for t in p.per_replica})
     for target in targets:
-        rows.append([f"hit ratio, replica {target}",
+        rows.append([f"{data.ratio_label}, replica {target}",
                      *(pct(p.per_replica.get(target)) for p in data.phases)])
     for q in TTFT_QUANTILES:
         rows.append([f"TTFT p{q * 100:g}", *(secs(p.ttft.get(q)) for p in data.phases)])
@@ -134,7 +136,8 @@ pre{padding:8px;white-space:pre-wrap}
 </style></head><body>
 <h1>Prefix-cache incident report: {{ d.model }}</h1>
 <p class="meta">{{ when(d.start, True) }} to {{ when(d.end, True) }} UTC · Prometheus
-{{ d.prometheus }} · alert threshold {{ pct(d.threshold) }} · rate window {{ '%.0f' % d.window }}s
+{{ d.prometheus }} · alert threshold {{ pct(d.threshold) }} on the {{ d.ratio_label }}
+({{ d.ratio_window }}, {{ '%.0f' % d.window }}s)
 · prefixwatch {{ version }}</p>
 {% for note in d.notes %}<p class="meta">{{ note }}</p>{% endfor %}
 <h2>Figures</h2>
@@ -145,14 +148,14 @@ src="data:image/png;base64,{{ f.b64 }}"><figcaption>{{ f.caption }}</figcaption>
 <h2>Timeline (UTC)</h2>
 {% if events %}<table><tr><th>time</th><th>event</th></tr>
 {% for e in events %}<tr><td>{{ when(e.at, True) }}</td><td>{{ e.what }}</td></tr>{% endfor %}
-</table>{% else %}<p>The fleet hit ratio stayed above the threshold and no prefixwatch alert
-fired in this range.</p>{% endif %}
+</table>{% else %}<p>The fleet {{ d.ratio_label }} stayed above the threshold and no prefixwatch
+alert fired in this range.</p>{% endif %}
 <h2>Hit rate and TTFT before, during and after</h2>
 {% if header %}<table><tr>{% for h in header %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in rows %}<tr>{% for c in row %}<td>{{ c }}</td>{% endfor %}</tr>{% endfor %}
 </table>
 <p class="meta">Each phase leaves out the {{ '%.0f' % d.window }}s rate window around a transition,
-where healthy and incident traffic mix.</p>{% endif %}
+where healthy and incident traffic mix.</p>{% else %}<p>{{ d.phase_note }}</p>{% endif %}
 <h2>Cost</h2><p>{{ cost }}</p>
 <h2>Diagnosis over time (prefixwatch_diagnosis)</h2>
 {% if diag %}<table><tr><th>cause</th><th>target</th><th>from</th><th>to</th></tr>
@@ -170,8 +173,8 @@ token {{ div.position }} ({{ div.kind }}); an unlimited cache could serve
 _MD = """# Incident report: prefix-cache hit rate of {{ d.model }}
 
 - Range: {{ when(d.start, True) }} to {{ when(d.end, True) }} UTC
-- Source: Prometheus {{ d.prometheus }}; alert threshold {{ pct(d.threshold) }}; \
-rate window {{ '%.0f' % d.window }}s
+- Source: Prometheus {{ d.prometheus }}; alert threshold {{ pct(d.threshold) }} on the \
+{{ d.ratio_label }} ({{ d.ratio_window }}, {{ '%.0f' % d.window }}s)
 {% for note in d.notes %}- {{ note }}
 {% endfor %}
 ## Summary
@@ -195,7 +198,7 @@ rate window {{ '%.0f' % d.window }}s
 {% for row in rows %}| {% for c in row %}{{ c | md }} | {% endfor %}
 {% endfor %}
 Each phase leaves out the {{ '%.0f' % d.window }}s rate window around a transition.
-{% else %}No traffic in range.
+{% else %}{{ d.phase_note }}
 {% endif %}
 ## Cost
 
@@ -243,11 +246,12 @@ def _environment(autoescape: bool) -> jinja2.Environment:
 
 
 def _cost(data: ReportData) -> str:
-    if data.extra_recomputed_tokens is None:
-        return "No incident with a healthy baseline in range: nothing to attribute."
+    before = data.phase("before")
+    if data.extra_recomputed_tokens is None or data.incident is None or before is None:
+        return data.cost_note or "Nothing to attribute."
     text = (f"{tokens(data.extra_recomputed_tokens)} prompt tokens were recomputed because of "
             f"the incident ({when(data.incident.start)}-{when(data.incident.end)} UTC), at "
-            f"the healthy hit ratio of {pct(data.phase('before').hit_ratio)}")
+            f"the healthy {data.ratio_label} of {pct(before.judged)}")
     extra = []
     if data.gpu_seconds is not None:
         extra.append(f"{data.gpu_seconds:,.0f} GPU-seconds of prefill")
@@ -261,8 +265,8 @@ def _context(data: ReportData, drawn: list[tuple[str, Drawn | None]],
     before, during = data.phase("before"), data.phase("during")
     impact = "no drop below the threshold in this range"
     if data.crossings.first_drop is not None:
-        impact = (f"fleet hit ratio {pct(before.hit_ratio if before else None)} -> "
-                  f"{pct(during.hit_ratio if during else None)}, TTFT p50 "
+        impact = (f"fleet {data.ratio_label} {pct(before.judged if before else None)} -> "
+                  f"{pct(during.judged if during else None)}, TTFT p50 "
                   f"{secs(before.ttft.get(0.5) if before else None)} -> "
                   f"{secs(during.ttft.get(0.5) if during else None)}")
     first = next((a for a in data.alerts), None)
@@ -272,7 +276,7 @@ def _context(data: ReportData, drawn: list[tuple[str, Drawn | None]],
                                                        for _, iv in data.diagnosis[c]))
     figures = []
     for name, fig in drawn:
-        caption = NOT_AVAILABLE.get(name, "")
+        caption = not_available(name, data)
         if fig is not None:
             caption = fig.title
         figures.append({"drawn": fig, "caption": caption,

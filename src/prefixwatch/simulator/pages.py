@@ -317,7 +317,7 @@ SGLANG_PAGE: tuple[PageFamily, ...] = (
 
 
 # --------------------------------------------------------------------------------------------
-# A host tier (issue 13): vLLM 0.33 with SimpleCPUOffloadConnector, SGLang with HiCache.
+# A host tier: vLLM 0.33 with SimpleCPUOffloadConnector, SGLang with HiCache.
 # From tests/fixtures/vllm_metrics_cpu_offload.txt and vllm/v1/simple_kv_offload/metrics.py;
 # SGLang's from python/sglang/srt/observability/metrics_collector.py.
 # --------------------------------------------------------------------------------------------

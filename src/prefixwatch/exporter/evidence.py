@@ -1,0 +1,127 @@
+"""What is read across the monitors: the diagnosis' evidence of each model of one target over a
+window (deltas summed over engines before any ratio), and the prompt tokens the targets served
+(the ledger's achieved part)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from prefixwatch.core.diagnosis import TargetEvidence
+from prefixwatch.core.windows import Layout, histogram_quantile
+from prefixwatch.exporter.monitor import (
+    SeriesState,
+    TargetMonitor,
+    WindowFigures,
+    hist_delta,
+    summed_delta,
+    tier_sum,
+)
+from prefixwatch.exporter.pagereader import TIER_CONFIGURED, TIER_ROLES, TIER_STORES, TIER_USED
+
+
+def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
+    """What the diagnosis needs of each model on one target (call with ``mon.lock`` held)."""
+    by_model: dict[str, list[SeriesState]] = {}
+    for (model, _engine), state in mon.series.items():
+        by_model.setdefault(model, []).append(state)
+    out: dict[str, TargetEvidence] = {}
+    for model, states in by_model.items():
+        ev = TargetEvidence()
+        enabled = [s.values.caching_enabled for s in states if s.values.caching_enabled is not None]
+        ev.caching_enabled = all(enabled) if enabled else None
+        sizes = {s.values.block_size for s in states if s.values.block_size}
+        ev.block_size = sizes.pop() if len(sizes) == 1 else None
+        # The engine's own start time (the counters' _created) where it says it; else the
+        # time the exporter saw its counters reset.
+        starts = []
+        for key, state in mon.series.items():
+            if key[0] != model:
+                continue
+            created = state.values.created.get("queries")
+            start = created if created is not None else mon._last_reset.get(key)
+            if start is not None:
+                starts.append(start)
+        last_start = max(starts, default=None)
+        if last_start is not None:
+            ev.seconds_since_start = now - last_start
+        current = summed_delta(states, now, window)
+        if current is not None:
+            layout, _, vec = current
+            ev.queries = vec[layout.offset_of("queries")]
+            ev.hits = vec[layout.offset_of("hits")]
+            _tier_evidence(ev, layout, vec)
+            pre = vec[layout.offset_of("preemptions")]
+            ev.preemptions = None if math.isnan(pre) else pre
+            prompt = hist_delta(layout, vec, "prompt_len")
+            if prompt is not None:
+                ev.prompt_len = (prompt[0], prompt[1])
+            ttft = hist_delta(layout, vec, "ttft")
+            if ttft is not None:
+                ev.ttft_requests = ttft[1][-1]
+                ev.ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+            idle = hist_delta(layout, vec, "kv_idle_evict")
+            if idle is not None:
+                ev.evicted_blocks = idle[1][-1]
+                ev.evict_idle_median = histogram_quantile(0.5, idle[0], idle[1])
+        previous = summed_delta(states, now, window, older=window)
+        if previous is not None:
+            layout, _, vec = previous
+            ev.prev_queries = vec[layout.offset_of("queries")]
+            ev.prev_hits = vec[layout.offset_of("hits")]
+            ttft = hist_delta(layout, vec, "ttft")
+            if ttft is not None:
+                ev.prev_ttft_requests = ttft[1][-1]
+                ev.prev_ttft_p50 = histogram_quantile(0.5, ttft[0], ttft[1])
+        if any(TIER_CONFIGURED in s.values.gauges for s in states):
+            ev.tier_configured = True
+        used = [s.values.gauges[TIER_USED] for s in states if TIER_USED in s.values.gauges]
+        if used:
+            ev.tier_used = sum(used)
+        ring = [g for g in mon._gauges.get(model, ()) if g[0] >= now - window - 1e-9]
+        usage = [u for _, u, _ in ring if not math.isnan(u)]
+        waiting = [w for _, _, w in ring if not math.isnan(w)]
+        if usage:
+            ev.kv_peak = max(usage)
+        if waiting:
+            ev.waiting_first, ev.waiting_last = waiting[0], waiting[-1]
+            ev.waiting_mean = sum(waiting) / len(waiting)
+        for attr in ("queries", "hits", "prev_queries", "prev_hits"):
+            if math.isnan(getattr(ev, attr)):
+                setattr(ev, attr, 0.0)
+        out[model] = ev
+    return out
+
+
+def _tier_evidence(ev: TargetEvidence, layout: Layout, vec: Sequence[float]) -> None:
+    """The window's cached tokens of every tier, the second tier's stores, and whether a KV
+    connector was asked for the device's misses (vLLM counts external queries only then)."""
+    by_tier = tier_sum([{r: vec[layout.offset_of(r)] for r in TIER_ROLES.values()}])
+    if by_tier:
+        ev.tiers = by_tier
+    stores = vec[layout.offset_of(TIER_STORES)]
+    if not math.isnan(stores):
+        ev.tier_stores = stores
+    ext = vec[layout.offset_of("ext_queries")]
+    if not math.isnan(ext):
+        ev.tier_asked = ext
+        if ext > 0:
+            ev.tier_configured = True
+
+
+def served_tokens(monitors: Iterable[TargetMonitor], window: str, model: str | None = None
+                  ) -> float | None:
+    """Prompt tokens served from cache over a window, summed over the targets that are up
+    (every tier; the device's hits where an engine shows no tiers): the ledger's achieved
+    part. None when no target has the window, or a count is unknown."""
+    figures = []
+    for mon in monitors:
+        with mon.lock:
+            if mon.up:
+                figures += [f.windows[window] for m, f in mon.models.items()
+                            if model in (None, m) and window in f.windows]
+    if not figures:
+        return None
+    total = WindowFigures.summed(figures)
+    served = total.cached if total.tiers else total.hits
+    return None if math.isnan(served) else round(served)

@@ -1,0 +1,102 @@
+"""The promtool cases of a second cache tier, and the time a collapse takes to page: part of
+alerttests.Cases (they read its series helpers and config)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prefixwatch.core.rulenames import (
+    ALERT_DEVICE_SHARE,
+    ALERT_LOW,
+    ALERT_OFFLOAD_FAILURES,
+    ALERT_REGRESSION,
+    ALERT_TIER_IDLE,
+    MODEL_TIER,
+    r_effective,
+    r_offload_failed,
+    r_tier_tokens,
+)
+from prefixwatch.core.tiers import TIER_HOST
+from prefixwatch.core.windows import parse_duration
+from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase
+
+
+class TierCases:
+    def paged_after(self, before: float, after: float) -> float:
+        """Minutes from a collapse (before -> after) to the critical page: the long window's
+        ratio crosses the threshold once a share (before - thr) / (before - after) of its
+        samples is new, then ``critical_for``, then up to one evaluation for the rule order."""
+        cfg = self.cfg
+        long_s = parse_duration(cfg.critical_long_window)
+        share = (before - cfg.hit_ratio_threshold) / (before - after)
+        crossed = math.ceil(share * long_s / STEP + 1e-9) * STEP
+        return (crossed + parse_duration(cfg.critical_for) + STEP) / 60
+
+    def tier_cases(self, case: Any) -> None:
+        """A second tier: it rescues the fleet (no page on the effective ratio), both tiers
+        collapse (a page as fast as a device collapse), it serves nothing (TierIdle), HBM is
+        outgrown (DeviceShareLow), offload stores are lost (OffloadFailures)."""
+        cfg, m = self.cfg, {"model_name": MODEL}
+        thr = cfg.hit_ratio_threshold
+        busy = max(1000, round(10 * cfg.min_query_tokens_per_second))
+        effective = self.builder.effective
+        low = ALERT_LOW
+        # 15. The host tier keeps the effective ratio above the threshold while the device
+        #     pool's is far below (42% device + 46% host = 88%, as in offload-rescue): no
+        #     page on the effective ratio; on the device ratio, the page it asks for.
+        device_part = round(min(0.42, thr - 0.2), 6)
+        host_part = round(min(0.88, thr + 0.18) - device_part, 6)
+        rescued = [Phase(20, busy, device_part, host=host_part)]
+        case(self.traffic(rescued), [
+            self.at(low, 10, [] if effective else [
+                self.expect(low, "critical", m, device_part)]),
+            self.at(ALERT_TIER_IDLE, 19, []),
+        ], [{"expr": f'round({r_effective("model_name", "5m")}, 0.0001)', "eval_time": "15m",
+             "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}',
+                              "value": round(device_part + host_part, 4)}]},
+            {"expr": f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
+             "eval_time": "15m",
+             "exp_samples": [{"labels": f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
+                              "value": round(busy * host_part, 3)}]}])
+        # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical within 2.5 minutes.
+        both = [Phase(60, busy, device_part, host=host_part), Phase(20, busy, 0.02, host=0.01)]
+        before = device_part + (host_part if effective else 0.0)
+        paged = 60 + self.paged_after(before, 0.03 if effective else 0.02)
+        if effective:
+            case(self.traffic(both), [
+                self.at(low, 60, []),
+                self.at(low, paged, [self.expect(low, "critical", m, 0.03)])])
+        # 17. A host tier that stores (connector lookups, HiCache backups) and serves nothing
+        #     while the device pool misses 60%: TierIdle after 15m of data and 30m of `for`.
+        idle = [Phase(60, busy, 0.4, host=0.0)]
+        case(self.traffic(idle), [
+            self.at(ALERT_TIER_IDLE, 30, []),
+            self.at(ALERT_TIER_IDLE, 50, [self.expect(ALERT_TIER_IDLE, "warning", m, 0.0)])])
+        # 18. HBM outgrown: 85% device + 5% host for 3h, then 45% + 45%: the effective ratio
+        #     holds at 90%, the device share fell 40 points: DeviceShareLow, no hit-rate alert.
+        outgrown = [Phase(180, busy, 0.85, host=0.05), Phase(60, busy, 0.45, host=0.45)]
+        case(self.traffic(outgrown), [
+            self.at(ALERT_DEVICE_SHARE, 180, []),
+            self.at(ALERT_DEVICE_SHARE, 230, [self.expect(ALERT_DEVICE_SHARE, "warning", m,
+                                                          0.45)]),
+            *([self.at(low, 230, []), self.at(ALERT_REGRESSION, 230, [])] if effective
+              else [])])
+        #     ...but a fleet without a second tier whose ratio falls gets Regression, not this.
+        # 19. The offload connector drops 30% of its stores (host pool full): OffloadFailures.
+        t = self.src.tiers
+        if t is not None and t.offload_outcomes:
+            outcomes = []
+            for outcome, per_step in ((t.offload_stored, 70), (t.offload_failed[0].split("|")[0],
+                                                               30)):
+                labels = {**self.base_labels("vllm-0:8000"), t.offload_label: outcome}
+                outcomes.append({"series": self.series_name(t.offload_outcomes, labels),
+                                 "values": f"0+{per_step}x240"})
+            case(self.traffic([Phase(60, busy, 0.5, host=0.3)]) + outcomes, [
+                self.at(ALERT_OFFLOAD_FAILURES, 10, []),
+                self.at(ALERT_OFFLOAD_FAILURES, 40, [self.expect(
+                    ALERT_OFFLOAD_FAILURES, "warning", {**m, "target": "vllm-0:8000"}, 0.3)])],
+                [{"expr": r_offload_failed(self.cfg.warning_window), "eval_time": "30m",
+                  "exp_samples": [{"labels": f'{r_offload_failed(self.cfg.warning_window)}'
+                                             f'{{model_name="{MODEL}",'
+                                             f'target="vllm-0:8000"}}', "value": 0.3}]}])
