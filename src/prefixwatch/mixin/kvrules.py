@@ -4,8 +4,9 @@ The exporter mirrors each engine's KV event stream (vLLM's ``--kv-events-config`
 every device block a replica stored that no lower tier supplied, in tokens, by why it had to be
 computed (``part``): ``eviction`` (that replica held the content and evicted it), ``routing``
 (another replica held it), ``layout``, ``novel``, and ``tail`` (the tokens no full block
-covers). These rules record the parts per model and per replica and each part's share of the
-computed tokens; the alerts page a ticket when a replica recomputes what it evicted, or a model
+covers, which the exporter writes as a part of the same counter beside the stream's four:
+``names.KV_COMPUTED_SERIES_PARTS``). These rules record the parts per model and per replica
+and each part's share of the computed tokens (the five sum to 1); the alerts page a ticket when a replica recomputes what it evicted, or a model
 recomputes what another replica held, for a share of its prompt tokens at which the diagnosis
 names the same cause (``diagnosis.routing_gap``: one threshold for both).
 
@@ -17,7 +18,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core.names import L_MODEL, L_PART, L_TARGET
+from prefixwatch.core.names import (
+    L_MEDIUM,
+    L_MODEL,
+    L_OP,
+    L_PART,
+    L_TARGET,
+    OUT_KV_BLOCKS,
+    OUT_KV_COMPUTED,
+    OUT_KV_LOADED,
+)
 from prefixwatch.core.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
@@ -31,14 +41,10 @@ from prefixwatch.core.rulenames import (
 )
 from prefixwatch.mixin.promql import Exprs
 
-# The exporter's KV event series (the names are the interface the exporter writes).
-KV_COMPUTED = "prefixwatch_kv_computed_tokens_total"
-KV_LOADED = "prefixwatch_kv_loaded_tokens_total"
-KV_BLOCKS = "prefixwatch_kv_blocks_total"
-KV_UP = "prefixwatch_kv_events_up"
-KV_LOST = "prefixwatch_kv_events_lost_total"
-L_MEDIUM = "medium"
-L_OP = "op"
+# The exporter's KV event series, as it writes them (counters with client_python's suffix).
+KV_COMPUTED = OUT_KV_COMPUTED.name + "_total"
+KV_LOADED = OUT_KV_LOADED.name + "_total"
+KV_BLOCKS = OUT_KV_BLOCKS.name + "_total"
 #: Windows of the recorded parts: the dashboards read 5m, the alerts ``kv_window``.
 KV_DASHBOARD_WINDOW = "5m"
 

@@ -55,6 +55,7 @@ def rows(sources: Iterable[KvSource]) -> Iterator[Row]:
         model = snap.model
         for part in names.KV_COMPUTED_PARTS:
             yield Row(names.OUT_KV_COMPUTED, [t, model, part], float(snap.computed[part]))
+        yield Row(names.OUT_KV_COMPUTED, [t, model, names.LEDGER_TAIL], float(source.tail_tokens))
         for medium, tokens in sorted(snap.loaded.items()):
             yield Row(names.OUT_KV_LOADED, [t, model, medium], float(tokens))
         if snap.divergence[0][-1][1]:

@@ -84,13 +84,20 @@ class EventLedgers:
             sample = Sample(now, *got, computed)
             with self.lock:
                 ring = self._history.setdefault(name, deque())
-                if ring and sample.prompt < ring[-1].prompt:  # the engine restarted
+                restarted = bool(ring) and sample.prompt < ring[-1].prompt
+                if restarted:  # the engine restarted
                     ring.clear()
                     self._first.pop(name, None)
                 ring.append(sample)
                 self._first.setdefault(name, sample)
                 while len(ring) > 2 and ring[1].at < now - self.horizon:
                     ring.popleft()
+            span = self.span(name, None)
+            tail = span.shares[names.LEDGER_TAIL] if span is not None else 0
+            # The tail part of the target's computed-token counter: since the first sample,
+            # never going down while the engine runs (the stream and the counters are read at
+            # different moments), back to 0 when it restarts (a counter reset).
+            source.tail_tokens = tail if restarted else max(source.tail_tokens, tail)
 
     def models(self) -> dict[str, list[str]]:
         """model -> the targets whose event ledger has at least one sample."""
