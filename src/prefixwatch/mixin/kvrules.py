@@ -4,11 +4,12 @@ The exporter mirrors each engine's KV event stream (vLLM's ``--kv-events-config`
 every device block a replica stored that no lower tier supplied, in tokens, by why it had to be
 computed (``part``): ``eviction`` (that replica held the content and evicted it), ``routing``
 (another replica held it), ``layout``, ``novel``, and ``tail`` (the tokens no full block
-covers, which the exporter writes as a part of the same counter beside the stream's four:
-``names.KV_COMPUTED_SERIES_PARTS``). These rules record the parts per model and per replica
-and each part's share of the computed tokens (the five sum to 1); the alerts page a ticket when a replica recomputes what it evicted, or a model
-recomputes what another replica held, for a share of its prompt tokens at which the diagnosis
-names the same cause (``diagnosis.routing_gap``: one threshold for both).
+covers, a part of the same counter beside the stream's four: ``KV_COMPUTED_SERIES_PARTS`` in
+core/names.py). These rules record the parts per model and per replica and each part's share
+of the computed tokens (the five sum to 1); the alerts page a ticket when a replica recomputes
+what it evicted, or a model recomputes what another replica held, for a share of its prompt
+tokens at which the diagnosis names the same cause (``diagnosis.routing_gap``: one threshold
+for both).
 
 Only the exporter has these series (Prometheus cannot read a ZMQ stream): other sources get no
 rules from here. Absent, not 0, for a target without an event stream.
