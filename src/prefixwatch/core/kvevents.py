@@ -34,8 +34,63 @@ TOO_LARGE = "too_large"
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 
-class _StoredFields(msgspec.Struct, gc=False):
+# -- vLLM's own definitions (vllm/distributed/kv_events.py, 0.33): what an engine encodes --------
+# Fields in vLLM's order; those without a default are always on the wire, the rest only when
+# set. The simulator publishes with these, byte for byte as vLLM does.
+
+
+class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+    """Base of vLLM's KV cache events: a map tagged by ``"type"`` (the class name)."""
+
+
+class BlockStored(KVCacheEvent):
+    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
+
     block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[int] | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
+
+    block_hashes: list[BlockHash]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    """The engine dropped every cached block (reset_prefix_cache, a restart)."""
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+# -- What the exporter decodes: the same classes, every field but the hashes optional ----------
+# Releases before 0.33 lack some; a token id the mirror cannot pack makes the event malformed;
+# the fields the mirror does not read take any value. Decoded as vLLM 0.33's maps (fields in
+# any order, defaults omitted) and as the positional arrays of other releases (the tag first,
+# the same fields in order).
+
+
+class _Stored(BlockStored, tag="BlockStored"):
     parent_block_hash: BlockHash | None = None
     token_ids: list[TokenId] = []
     block_size: int = 0
@@ -43,40 +98,36 @@ class _StoredFields(msgspec.Struct, gc=False):
     medium: str | None = None
     lora_name: str | None = None
     extra_keys: list[Any] | None = None
+    # Unused here, and any value in another release's position: never a reason to drop.
+    group_idx: Any = None
+    kv_cache_spec_kind: Any = None
+    kv_cache_spec_sliding_window: Any = None
+    locality: Any = None
+    ownership: Any = None
+    session_id: Any = None
+    lookahead_token_ids: Any = None
 
 
-class _RemovedFields(msgspec.Struct, gc=False):
-    block_hashes: list[BlockHash]
+class _Removed(BlockRemoved, tag="BlockRemoved"):
     medium: str | None = None
+    group_idx: Any = None
+    locality: Any = None
+    ownership: Any = None
 
 
-# vLLM 0.33's maps, tagged by "type" (fields in any order, defaults omitted) ...
-class BlockStored(_StoredFields, tag_field="type", tag="BlockStored"):
-    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
-
-
-class BlockRemoved(_RemovedFields, tag_field="type", tag="BlockRemoved"):
-    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
-
-
-class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    """The engine dropped every cached block (reset_prefix_cache, a restart)."""
-
-
-# ... and the positional arrays of other releases: the tag first, the same fields in order.
-class _ArrayStored(_StoredFields, array_like=True, tag="BlockStored"):
+class _ArrayStored(_Stored, array_like=True):
     pass
 
 
-class _ArrayRemoved(_RemovedFields, array_like=True, tag="BlockRemoved"):
+class _ArrayRemoved(_Removed, array_like=True):
     pass
 
 
-class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
+class _ArrayCleared(AllBlocksCleared, array_like=True, tag="AllBlocksCleared"):
     pass
 
 
-Event = BlockStored | BlockRemoved | AllBlocksCleared
+Event = _Stored | _Removed | AllBlocksCleared
 _ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
 
 
@@ -101,8 +152,8 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
 #: The names each kind is counted under (prefixwatch_kv_events_total{type}).
 EVENT_TYPES: tuple[str, ...] = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
-_STORED = (BlockStored, _ArrayStored)
-_REMOVED = (BlockRemoved, _ArrayRemoved)
+_STORED = (BlockStored, _Stored, _ArrayStored)
+_REMOVED = (BlockRemoved, _Removed, _ArrayRemoved)
 #: The decoded classes of each kind, for a dispatch on ``type(event)``.
 STORED_TYPES = frozenset(_STORED)
 REMOVED_TYPES = frozenset(_REMOVED)

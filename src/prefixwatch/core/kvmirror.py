@@ -255,7 +255,6 @@ class TargetMirror:
         res = resident.get(medium)
         if res is None:
             res = resident[medium] = {}
-        res_get = res.get
         blocks = fleet.blocks
         blocks_get = blocks.get
         rid, bit = self.rid, self.bit
@@ -309,20 +308,9 @@ class TargetMirror:
                 keep(None)
             else:
                 keep(node)  # layout or novel: decided below
-            # One more resident copy of h (and of its content, for this replica).
-            entry = res_get(h)
-            if entry is None:
-                if stored_here >= room:
-                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                    break
-                res[h] = [node, ts]
-            else:
-                if entry[0] is None:
-                    entry[0] = node
-                entry.append(ts)
-            if node is not None:
-                holders = node.holders
-                holders[rid] = holders.get(rid, 0) + 1
+            if not _hold(res, h, node, ts, rid, stored_here < room):
+                self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                break
             stored_here += 1
             parent = node
         computed = self.computed
@@ -375,19 +363,9 @@ class TargetMirror:
                 parent = node
             else:
                 node = self._lookup(h)  # no token ids: joined to the device's block by hash
-            entry = res.get(h)
-            if entry is None:
-                if held >= room:
-                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                    break
-                res[h] = [node, ts]
-            else:
-                if entry[0] is None:
-                    entry[0] = node
-                entry.append(ts)
-            if node is not None:
-                holders = node.holders
-                holders[rid] = holders.get(rid, 0) + 1
+            if not _hold(res, h, node, ts, rid, held < room):
+                self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                break
             held += 1
         self.resident_count[medium] = self.resident_count.get(medium, 0) + held
         self._total += held
@@ -539,6 +517,24 @@ class MirrorSnapshot:
         return sum(self.computed.values())
 
 
+
+
+def _hold(res: dict[Any, list], h: Any, node: Block | None, ts: float, rid: int,
+          room: bool) -> bool:
+    """One more resident copy of block ``h`` (and of its content, for replica ``rid``);
+    False when it is a new hash and there is no ``room``."""
+    entry = res.get(h)
+    if entry is None:
+        if not room:
+            return False
+        res[h] = [node, ts]
+    else:
+        if entry[0] is None:
+            entry[0] = node
+        entry.append(ts)
+    if node is not None:
+        node.holders[rid] = node.holders.get(rid, 0) + 1
+    return True
 
 
 def _path_tokens(node: Block, skip: int, want: int) -> list[int]:

@@ -91,7 +91,7 @@ def add_ledger_families(family, ledgers, windows: dict[str, float]) -> set[str]:
     for model in sorted(models):
         total = ledgers.model_span(model, None)
         if total is not None:
-            counted = event_counted(total.shares, total.prompt)
+            counted = ledgers.counters(model, event_counted(total.shares, total.prompt))
             for part in EVENT_COUNTED:
                 tokens.add_metric([model, part], float(counted[part]))
         for window, seconds in windows.items():
