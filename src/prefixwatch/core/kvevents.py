@@ -8,7 +8,9 @@ SGLang) encode it as a positional array with the tag first. Both decode here int
 three kinds; unknown fields are ignored, unknown tags are counted, block hashes are 64-bit
 integers or bytes (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``).
 
-The fast path is one typed decode of the whole batch; a batch that does not fit the types is
+vLLM's own event classes are defined here once: the simulator encodes with them (the bytes
+vLLM sends), and the exporter decodes with lenient subclasses of them. The fast path is one
+typed decode of the whole batch; a batch that does not fit the types is
 decoded again event by event, so one odd event costs only itself.
 """
 
