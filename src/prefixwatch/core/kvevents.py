@@ -8,8 +8,9 @@ SGLang) encode it as a positional array with the tag first. Both decode here int
 three kinds; unknown fields are ignored, unknown tags are counted, block hashes are 64-bit
 integers or bytes (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``).
 
-vLLM's own event classes are defined here once: the simulator encodes with them (the bytes
-vLLM sends), and the exporter decodes with lenient subclasses of them. The fast path is one
+vLLM's event types are defined here once: the exporter decodes with the fields the mirror
+reads (lenient), and vLLM's own classes extend those with the rest of vLLM's fields, which the
+simulator encodes with (the bytes vLLM sends). The fast path is one
 typed decode of the whole batch; a batch that does not fit the types is
 decoded again event by event, so one odd event costs only itself.
 """
@@ -36,19 +37,65 @@ TOO_LARGE = "too_large"
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 
+# -- What the exporter decodes: the fields the mirror reads, every one but the hashes optional --
+# (releases before 0.33 lack some; a token id the mirror cannot pack makes the event malformed;
+# unknown fields are ignored).
+
+
+class _StoredFields(msgspec.Struct, gc=False):
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None = None
+    token_ids: list[TokenId] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+
+
+class _RemovedFields(msgspec.Struct, gc=False):
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+
+
+# ... as vLLM 0.33's maps, tagged by "type" (fields in any order, defaults omitted) ...
+class _MapStored(_StoredFields, tag_field="type", tag="BlockStored"):
+    pass
+
+
+class _MapRemoved(_RemovedFields, tag_field="type", tag="BlockRemoved"):
+    pass
+
+
+class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
+    """The engine dropped every cached block (reset_prefix_cache, a restart)."""
+
+
+# ... and the positional arrays of other releases: the tag first, the same fields in order.
+class _ArrayStored(_StoredFields, array_like=True, tag="BlockStored"):
+    pass
+
+
+class _ArrayRemoved(_RemovedFields, array_like=True, tag="BlockRemoved"):
+    pass
+
+
+class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
+    pass
+
+
+Event = _MapStored | _MapRemoved | AllBlocksCleared
+_ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
+
+
 # -- vLLM's own definitions (vllm/distributed/kv_events.py, 0.33): what an engine encodes --------
-# Fields in vLLM's order; those without a default are always on the wire, the rest only when
-# set. The simulator publishes with these, byte for byte as vLLM does.
+# The same classes, with vLLM's fields in vLLM's order: those without a default are always on
+# the wire, the rest only when set. The simulator publishes with these, byte for byte as vLLM.
 
 
-class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
-    """Base of vLLM's KV cache events: a map tagged by ``"type"`` (the class name)."""
-
-
-class BlockStored(KVCacheEvent):
+class BlockStored(_MapStored, omit_defaults=True):
     """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
 
-    block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
@@ -65,72 +112,25 @@ class BlockStored(KVCacheEvent):
     lookahead_token_ids: list[int] | None = None
 
 
-class BlockRemoved(KVCacheEvent):
+class BlockRemoved(_MapRemoved, omit_defaults=True):
     """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
 
-    block_hashes: list[BlockHash]
     medium: str | None
     group_idx: int | None = None
     locality: str | None = None
     ownership: str | None = None
 
 
-class AllBlocksCleared(KVCacheEvent):
-    """The engine dropped every cached block (reset_prefix_cache, a restart)."""
+#: One of vLLM's events.
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """vLLM's batch of one engine step's events."""
+
     ts: float
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    events: list[KVCacheEvent]
     data_parallel_rank: int | None = None
-
-
-# -- What the exporter decodes: the same classes, every field but the hashes optional ----------
-# Releases before 0.33 lack some; a token id the mirror cannot pack makes the event malformed;
-# the fields the mirror does not read take any value. Decoded as vLLM 0.33's maps (fields in
-# any order, defaults omitted) and as the positional arrays of other releases (the tag first,
-# the same fields in order).
-
-
-class _Stored(BlockStored, tag="BlockStored"):
-    parent_block_hash: BlockHash | None = None
-    token_ids: list[TokenId] = []
-    block_size: int = 0
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[Any] | None = None
-    # Unused here, and any value in another release's position: never a reason to drop.
-    group_idx: Any = None
-    kv_cache_spec_kind: Any = None
-    kv_cache_spec_sliding_window: Any = None
-    locality: Any = None
-    ownership: Any = None
-    session_id: Any = None
-    lookahead_token_ids: Any = None
-
-
-class _Removed(BlockRemoved, tag="BlockRemoved"):
-    medium: str | None = None
-    group_idx: Any = None
-    locality: Any = None
-    ownership: Any = None
-
-
-class _ArrayStored(_Stored, array_like=True):
-    pass
-
-
-class _ArrayRemoved(_Removed, array_like=True):
-    pass
-
-
-class _ArrayCleared(AllBlocksCleared, array_like=True, tag="AllBlocksCleared"):
-    pass
-
-
-Event = _Stored | _Removed | AllBlocksCleared
-_ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
 
 
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
@@ -154,8 +154,8 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
 #: The names each kind is counted under (prefixwatch_kv_events_total{type}).
 EVENT_TYPES: tuple[str, ...] = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
-_STORED = (BlockStored, _Stored, _ArrayStored)
-_REMOVED = (BlockRemoved, _Removed, _ArrayRemoved)
+_STORED = (BlockStored, _MapStored, _ArrayStored)
+_REMOVED = (BlockRemoved, _MapRemoved, _ArrayRemoved)
 #: The decoded classes of each kind, for a dispatch on ``type(event)``.
 STORED_TYPES = frozenset(_STORED)
 REMOVED_TYPES = frozenset(_REMOVED)
