@@ -337,21 +337,22 @@ class TargetMirror:
         if res is None:
             res = self.resident[medium] = {}
         self.stored[medium] = self.stored.get(medium, 0) + n
-        parent: Block | None = None
-        if toks:
-            ph = ev.parent_block_hash
-            parent = (self.fleet.root(ev.lora_name) if ph is None else self._lookup(ph))
-            if parent is None:
-                self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
-                parent = self.fleet.root(("unknown parent", ev.lora_name, ph))
         blocks, rid, extra = self.fleet.blocks, self.rid, ev.extra_keys
         room = self.max_resident - self._total
         held = 0
-        words = array("I", toks).tobytes() if parent is not None else b""
+        words = b""
         width = 4 * bs
+        lookup = self._lookup
+        node: Block | None = None
         for i in range(n):
             h = hashes[i]
-            if parent is not None:
+            # The engine's own hash: a block it holds (on the device, mostly: the tier copies
+            # what the device computed) is that content, with no token to pack.
+            prev, node = node, lookup(h)
+            if node is None and toks:
+                parent = prev if i else self._lower_parent(ev)
+                if not words:
+                    words = array("I", toks).tobytes()
                 part = words[i * width:(i + 1) * width]
                 key = _freeze(extra[i]) if extra and i < len(extra) and extra[i] is not None \
                     else None
@@ -360,15 +361,21 @@ class TargetMirror:
                 if node is None:
                     node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
                     parent.children[cid] = node
-                parent = node
-            else:
-                node = self._lookup(h)  # no token ids: joined to the device's block by hash
             if not _hold(res, h, node, ts, rid, held < room):
                 self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
                 break
             held += 1
         self.resident_count[medium] = self.resident_count.get(medium, 0) + held
         self._total += held
+
+    def _lower_parent(self, ev: Any) -> Block:
+        """The block before a lower tier's event (a placeholder root, counted, if unknown)."""
+        ph = ev.parent_block_hash
+        parent = self.fleet.root(ev.lora_name) if ph is None else self._lookup(ph)
+        if parent is None:
+            self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
+            parent = self.fleet.root(("unknown parent", ev.lora_name, ph))
+        return parent
 
     def _classify(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
                   bs: int) -> None:
