@@ -18,8 +18,8 @@ def tokens(seed: int, blocks: int = 1) -> list[int]:
 
 def store(hashes, parent=None, toks=None, medium="GPU", lora=None, extra=None) -> BlockStored:
     return BlockStored(block_hashes=list(hashes), parent_block_hash=parent,
-                       token_ids=[] if toks is None else toks, block_size=BS, medium=medium,
-                       lora_name=lora, extra_keys=extra)
+                       token_ids=[] if toks is None else toks, block_size=BS, lora_id=None,
+                       medium=medium, lora_name=lora, extra_keys=extra)
 
 
 def apply(mirror: TargetMirror, *events, ts: float = 0.0) -> None:

@@ -75,3 +75,34 @@ def test_compose_vllm_profile_publishes_kv_events_too() -> None:
     command = COMPOSE["services"]["vllm"]["command"]
     config = json.loads(flag(command, "--kv-events-config"))
     assert config["endpoint"] == f"tcp://*:{stack.KV_EVENTS_PORT}"
+
+
+def test_compose_exporter_config_is_read_by_the_exporter() -> None:
+    """The generated config uses the exporter's own keys: read by its loader, each simulated
+    replica is a target with its KV event endpoint."""
+    from prefixwatch.exporter.config import build_config
+
+    sim = COMPOSE["services"]["simulator"]["command"]
+    port, http = int(flag(sim, "--kv-events-port")), int(flag(sim, "--port"))
+    cfg = build_config(config_file=str(ROOT / stack.COMPOSE_EXPORTER))
+    assert [(t.url, t.kv_events) for t in cfg.targets] == [
+        (f"http://simulator:{http + i}/metrics", f"tcp://simulator:{port + i}")
+        for i in range(int(flag(sim, "--replicas")))]
+
+
+def test_kubernetes_sidecar_args_are_the_exporters(tmp_path: Path) -> None:
+    """The sidecar's args parse with `prefixwatch exporter`'s own parser and give one target
+    subscribed to vLLM's stream (the mounted config is the generated ConfigMap's)."""
+    from prefixwatch.cli import _config_from, build_parser
+
+    docs = [d for f in stack.k8s_files().values() for d in yaml.safe_load_all(f) if d]
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "prefixwatch")
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap"
+                      and "config.yml" in d.get("data", {}))
+    mounted = tmp_path / "config.yml"
+    mounted.write_text(config_map["data"]["config.yml"])
+    args = [str(mounted) if a.endswith("/config.yml") else a for a in sidecar["args"]]
+    cfg = _config_from(build_parser().parse_args(args), with_exporter_flags=True)
+    assert [(t.url, t.kv_events) for t in cfg.targets] == [
+        ("http://127.0.0.1:8000/metrics", flag(sidecar["args"], "--kv-events"))]

@@ -91,6 +91,18 @@ FAMILIES: tuple[Family, ...] = (
     Family("engine_reported_hit_ratio", names.OUT_ENGINE_REPORTED, {
         VLLM_V0: "vllm:gpu_prefix_cache_hit_rate", SGLANG: "sglang:cache_hit_rate"},
         extra=names.L_SOURCE),
+    # Derived from the engines' KV event streams (exporter/kvevents writes them): no reads.
+    Family("kv_events_up", names.OUT_KV_EVENTS_UP, {}),
+    Family("kv_events", names.OUT_KV_EVENTS, {}),
+    Family("kv_events_errors", names.OUT_KV_EVENTS_ERRORS, {}),
+    Family("kv_events_lost", names.OUT_KV_EVENTS_LOST, {}),
+    Family("kv_blocks", names.OUT_KV_BLOCKS, {}),
+    Family("kv_resident", names.OUT_KV_RESIDENT, {}),
+    Family("kv_lifetime", names.OUT_KV_LIFETIME, {}),
+    Family("kv_computed", names.OUT_KV_COMPUTED, {}),
+    Family("kv_loaded", names.OUT_KV_LOADED, {}),
+    Family("kv_divergence", names.OUT_KV_DIVERGENCE, {}),
+    Family("kv_divergence_kinds", names.OUT_KV_DIVERGENCE_KIND, {}),
 )
 
 BY_ROLE: dict[str, Family] = {f.role: f for f in FAMILIES}

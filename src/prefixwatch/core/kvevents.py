@@ -8,7 +8,10 @@ SGLang) encode it as a positional array with the tag first. Both decode here int
 three kinds; unknown fields are ignored, unknown tags are counted, block hashes are 64-bit
 integers or bytes (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``).
 
-The fast path is one typed decode of the whole batch; a batch that does not fit the types is
+vLLM's event types are defined here once: the exporter decodes with the fields the mirror
+reads (lenient), and vLLM's own classes extend those with the rest of vLLM's fields, which the
+simulator encodes with (the bytes vLLM sends). The fast path is one
+typed decode of the whole batch; a batch that does not fit the types is
 decoded again event by event, so one odd event costs only itself.
 """
 
@@ -34,6 +37,11 @@ TOO_LARGE = "too_large"
 REPLAY_END = (-1).to_bytes(8, "big", signed=True)
 
 
+# -- What the exporter decodes: the fields the mirror reads, every one but the hashes optional --
+# (releases before 0.33 lack some; a token id the mirror cannot pack makes the event malformed;
+# unknown fields are ignored).
+
+
 class _StoredFields(msgspec.Struct, gc=False):
     block_hashes: list[BlockHash]
     parent_block_hash: BlockHash | None = None
@@ -50,13 +58,13 @@ class _RemovedFields(msgspec.Struct, gc=False):
     medium: str | None = None
 
 
-# vLLM 0.33's maps, tagged by "type" (fields in any order, defaults omitted) ...
-class BlockStored(_StoredFields, tag_field="type", tag="BlockStored"):
-    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
+# ... as vLLM 0.33's maps, tagged by "type" (fields in any order, defaults omitted) ...
+class _MapStored(_StoredFields, tag_field="type", tag="BlockStored"):
+    pass
 
 
-class BlockRemoved(_RemovedFields, tag_field="type", tag="BlockRemoved"):
-    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
+class _MapRemoved(_RemovedFields, tag_field="type", tag="BlockRemoved"):
+    pass
 
 
 class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
@@ -76,8 +84,53 @@ class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=
     pass
 
 
-Event = BlockStored | BlockRemoved | AllBlocksCleared
+Event = _MapStored | _MapRemoved | AllBlocksCleared
 _ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
+
+
+# -- vLLM's own definitions (vllm/distributed/kv_events.py, 0.33): what an engine encodes --------
+# The same classes, with vLLM's fields in vLLM's order: those without a default are always on
+# the wire, the rest only when set. The simulator publishes with these, byte for byte as vLLM.
+
+
+class BlockStored(_MapStored, omit_defaults=True):
+    """Blocks the engine cached: ``token_ids`` cover exactly these blocks, in order."""
+
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[int] | None = None
+
+
+class BlockRemoved(_MapRemoved, omit_defaults=True):
+    """Cached blocks the engine dropped (vLLM: when a free cached block is reused)."""
+
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+#: One of vLLM's events.
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """vLLM's batch of one engine step's events."""
+
+    ts: float
+    events: list[KVCacheEvent]
+    data_parallel_rank: int | None = None
 
 
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
@@ -101,8 +154,8 @@ class _RawBatch(msgspec.Struct, array_like=True, gc=False):
 #: The names each kind is counted under (prefixwatch_kv_events_total{type}).
 EVENT_TYPES: tuple[str, ...] = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
-_STORED = (BlockStored, _ArrayStored)
-_REMOVED = (BlockRemoved, _ArrayRemoved)
+_STORED = (BlockStored, _MapStored, _ArrayStored)
+_REMOVED = (BlockRemoved, _MapRemoved, _ArrayRemoved)
 #: The decoded classes of each kind, for a dispatch on ``type(event)``.
 STORED_TYPES = frozenset(_STORED)
 REMOVED_TYPES = frozenset(_REMOVED)

@@ -250,66 +250,74 @@ class TargetMirror:
                 self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
                 parent = fleet.root(("unknown parent", ev.lora_name, ev.parent_block_hash))
         extra = ev.extra_keys
-        lower = [(m, per) for m, per in self.resident.items() if m != DEVICE and per]
-        res = self.resident.get(medium)
+        resident = self.resident
+        lower = [(m, per) for m, per in resident.items() if m != DEVICE and per]
+        res = resident.get(medium)
         if res is None:
-            res = self.resident[medium] = {}
+            res = resident[medium] = {}
         blocks = fleet.blocks
+        blocks_get = blocks.get
         rid, bit = self.rid, self.bit
         chain: list[Block | None] = []
+        keep = chain.append
         created_at = -1
-        computed = self.computed
         room = self.max_resident - self._total
         stored_here = 0
+        evicted = routed = novel = 0
         with_tokens = bool(toks) and parent is not None
         words = array("I", toks).tobytes() if with_tokens else b""
         width = 4 * bs
+        lookup = self._lookup
+        loaded = self.loaded
+        node: Block | None
         for i in range(n):
             h = hashes[i]
-            node: Block | None
-            if with_tokens and parent is not None:
+            if with_tokens:
                 part = words[i * width:(i + 1) * width]
                 if extra and i < len(extra) and extra[i] is not None:
-                    cid = hash((parent.cid, _freeze(extra[i]), part))
+                    cid = hash((parent.cid, _freeze(extra[i]), part))  # type: ignore[union-attr]
                 else:
-                    cid = hash((parent.cid, None, part))
-                node = blocks.get(cid)
+                    cid = hash((parent.cid, None, part))  # type: ignore[union-attr]
+                node = blocks_get(cid)
                 if node is None:
-                    node = Block(cid, parent, part, parent.end + bs)
+                    node = Block(cid, parent, part, parent.end + bs)  # type: ignore[union-attr]
                     blocks[cid] = node
-                    parent.children[cid] = node
+                    parent.children[cid] = node  # type: ignore[union-attr]
                     if created_at < 0:
                         created_at = i
             else:
-                node = self._lookup(h)  # a lower tier's block without tokens: join by hash
+                node = lookup(h)  # a lower tier's block without tokens: join by hash
             # What this copy is, before it counts as held.
             source = None
-            for m, per in lower:
-                if h in per:
-                    source = m
-                    break
+            if lower:
+                for m, per in lower:
+                    if h in per:
+                        source = m
+                        break
             if source is not None:
-                self.loaded[source] = self.loaded.get(source, 0) + bs
-                chain.append(None)
+                loaded[source] = loaded.get(source, 0) + bs
+                keep(None)
             elif node is None:
-                computed["novel"] += bs
-                chain.append(None)
+                novel += 1
+                keep(None)
             elif node.evicted & bit:
-                computed["eviction"] += bs
-                chain.append(None)
+                evicted += 1
+                keep(None)
             elif len(node.holders) - (rid in node.holders) > 0:
-                computed["routing"] += bs
-                chain.append(None)
+                routed += 1
+                keep(None)
             else:
-                chain.append(node)  # layout or novel: decided below
+                keep(node)  # layout or novel: decided below
             if not _hold(res, h, node, ts, rid, stored_here < room):
                 self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                self.stored[medium] = self.stored.get(medium, 0) + n
                 break
             stored_here += 1
             parent = node
-        else:
-            self.stored[medium] = self.stored.get(medium, 0) + n
+        computed = self.computed
+        computed["novel"] += novel * bs
+        computed["eviction"] += evicted * bs
+        computed["routing"] += routed * bs
+        self.stored[medium] = self.stored.get(medium, 0) + n
         self.resident_count[medium] = self.resident_count.get(medium, 0) + stored_here
         self._total += stored_here
         if chain:
@@ -329,21 +337,22 @@ class TargetMirror:
         if res is None:
             res = self.resident[medium] = {}
         self.stored[medium] = self.stored.get(medium, 0) + n
-        parent: Block | None = None
-        if toks:
-            ph = ev.parent_block_hash
-            parent = (self.fleet.root(ev.lora_name) if ph is None else self._lookup(ph))
-            if parent is None:
-                self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
-                parent = self.fleet.root(("unknown parent", ev.lora_name, ph))
         blocks, rid, extra = self.fleet.blocks, self.rid, ev.extra_keys
         room = self.max_resident - self._total
         held = 0
-        words = array("I", toks).tobytes() if parent is not None else b""
+        words = b""
         width = 4 * bs
+        lookup = self._lookup
+        node: Block | None = None
         for i in range(n):
             h = hashes[i]
-            if parent is not None:
+            # The engine's own hash: a block it holds (on the device, mostly: the tier copies
+            # what the device computed) is that content, with no token to pack.
+            prev, node = node, lookup(h)
+            if node is None and toks:
+                parent = prev if i else self._lower_parent(ev)
+                if not words:
+                    words = array("I", toks).tobytes()
                 part = words[i * width:(i + 1) * width]
                 key = _freeze(extra[i]) if extra and i < len(extra) and extra[i] is not None \
                     else None
@@ -352,15 +361,21 @@ class TargetMirror:
                 if node is None:
                     node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
                     parent.children[cid] = node
-                parent = node
-            else:
-                node = self._lookup(h)  # no token ids: joined to the device's block by hash
             if not _hold(res, h, node, ts, rid, held < room):
                 self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
                 break
             held += 1
         self.resident_count[medium] = self.resident_count.get(medium, 0) + held
         self._total += held
+
+    def _lower_parent(self, ev: Any) -> Block:
+        """The block before a lower tier's event (a placeholder root, counted, if unknown)."""
+        ph = ev.parent_block_hash
+        parent = self.fleet.root(ev.lora_name) if ph is None else self._lookup(ph)
+        if parent is None:
+            self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
+            parent = self.fleet.root(("unknown parent", ev.lora_name, ph))
+        return parent
 
     def _classify(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
                   bs: int) -> None:
@@ -375,13 +390,13 @@ class TargetMirror:
                 end = layout_end_from(array("I", toks[created_at * bs:]), j, first, depth, bs)
                 if end:
                     layout_until = created_at + end // bs
-        for i, node in enumerate(chain):
-            if node is None:
-                continue
-            if created_at <= i < layout_until:
-                computed["layout"] += bs
-            else:
-                computed["novel"] += bs
+        kept = len(chain) - chain.count(None)
+        layout = 0
+        if layout_until > created_at >= 0:
+            span = chain[created_at:layout_until]
+            layout = len(span) - span.count(None)
+        computed["layout"] += layout * bs
+        computed["novel"] += (kept - layout) * bs
 
     def _divergence(self, new: Block, at: int, toks: Sequence[int], bs: int
                     ) -> tuple[Block, int, int] | None:
@@ -507,6 +522,8 @@ class MirrorSnapshot:
     @property
     def computed_tokens(self) -> int:
         return sum(self.computed.values())
+
+
 
 
 def _hold(res: dict[Any, list], h: Any, node: Block | None, ts: float, rid: int,

@@ -317,7 +317,8 @@ OUT_KV_COMPUTED = OutMetric(
     "Tokens of the device blocks the target computed (stored, no lower tier supplied them), by "
     "why: eviction (this replica held the content before and removed it), routing (another "
     "replica holds it), layout (the same text as an earlier chain after a short divergence), "
-    "novel (the rest).", (L_TARGET, L_MODEL, L_PART))
+    "novel (the rest); and tail, the prompt tokens no full block covers (never cached), from "
+    "the engine's prompt counter beside the stream.", (L_TARGET, L_MODEL, L_PART))
 OUT_KV_LOADED = OutMetric(
     "prefixwatch_kv_loaded_tokens", "counter",
     "Tokens of the device blocks a lower tier of the target supplied, by that tier's medium.",
@@ -337,6 +338,8 @@ KV_BLOCK_OPS: tuple[str, ...] = ("stored", "removed")
 #: The ledger part of the prompt tokens no full block covers (a tail shorter than a block),
 #: which the event stream never shows: the event ledger's own named part.
 LEDGER_TAIL = "tail"
+#: The parts of prefixwatch_kv_computed_tokens_total: the stream's four, and the tail.
+KV_COMPUTED_SERIES_PARTS: tuple[str, ...] = (*KV_COMPUTED_PARTS, LEDGER_TAIL)
 #: Shares of the event ledger (they sum to 1): the request ledger's, with the tail.
 KV_LEDGER_SHARES: tuple[str, ...] = ("achieved", *KV_COMPUTED_PARTS, LEDGER_TAIL, "unexplained")
 #: Buckets of the block-lifetime histogram, in seconds.

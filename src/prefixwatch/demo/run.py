@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import os
 import tempfile
@@ -38,7 +37,7 @@ from prefixwatch.demo.backends import (
     scaled,
 )
 from prefixwatch.demo.pager import NotificationPrinter
-from prefixwatch.exporter.config import TargetConfig, build_config, split_host_port
+from prefixwatch.exporter.config import build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, dashboards
 from prefixwatch.mixin import config as mixin_config
@@ -210,10 +209,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _with_kv_events(targets: list[str], sim) -> list:  # noqa: ANN001 - a Simulation or None
     """The exporter's targets: each simulated replica's /metrics URL with its KV event
-    endpoint (the per-target ``kv_events`` key), or the URLs alone (a vLLM given with --vllm,
-    or an exporter whose targets take no ``kv_events``)."""
+    endpoint (the per-target ``kv_events`` key), or the URLs alone (a vLLM given with --vllm)."""
     endpoints = sim.kv_events_endpoints if sim is not None else []
-    if not endpoints or "kv_events" not in {f.name for f in dataclasses.fields(TargetConfig)}:
+    if not endpoints:
         return list(targets)
     return [{"url": url, "kv_events": endpoint}
             for url, endpoint in zip(targets, endpoints, strict=True)]

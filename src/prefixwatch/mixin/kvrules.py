@@ -4,10 +4,12 @@ The exporter mirrors each engine's KV event stream (vLLM's ``--kv-events-config`
 every device block a replica stored that no lower tier supplied, in tokens, by why it had to be
 computed (``part``): ``eviction`` (that replica held the content and evicted it), ``routing``
 (another replica held it), ``layout``, ``novel``, and ``tail`` (the tokens no full block
-covers). These rules record the parts per model and per replica and each part's share of the
-computed tokens; the alerts page a ticket when a replica recomputes what it evicted, or a model
-recomputes what another replica held, for a share of its prompt tokens at which the diagnosis
-names the same cause (``diagnosis.routing_gap``: one threshold for both).
+covers, a part of the same counter beside the stream's four: ``KV_COMPUTED_SERIES_PARTS`` in
+core/names.py). These rules record the parts per model and per replica and each part's share
+of the computed tokens (the five sum to 1); the alerts page a ticket when a replica recomputes
+what it evicted, or a model recomputes what another replica held, for a share of its prompt
+tokens at which the diagnosis names the same cause (``diagnosis.routing_gap``: one threshold
+for both).
 
 Only the exporter has these series (Prometheus cannot read a ZMQ stream): other sources get no
 rules from here. Absent, not 0, for a target without an event stream.
@@ -17,7 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core.names import L_MODEL, L_PART, L_TARGET
+from prefixwatch.core.names import (
+    L_MEDIUM,
+    L_MODEL,
+    L_OP,
+    L_PART,
+    L_TARGET,
+)
 from prefixwatch.core.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
@@ -30,15 +38,13 @@ from prefixwatch.core.rulenames import (
     r_kv_computed_share,
 )
 from prefixwatch.mixin.promql import Exprs
+from prefixwatch.mixin.sources import source
 
-# The exporter's KV event series (the names are the interface the exporter writes).
-KV_COMPUTED = "prefixwatch_kv_computed_tokens_total"
-KV_LOADED = "prefixwatch_kv_loaded_tokens_total"
-KV_BLOCKS = "prefixwatch_kv_blocks_total"
-KV_UP = "prefixwatch_kv_events_up"
-KV_LOST = "prefixwatch_kv_events_lost_total"
-L_MEDIUM = "medium"
-L_OP = "op"
+# The exporter's KV event series as Prometheus stores them, from the family table's rows.
+_EXPORTER = source("exporter")
+KV_COMPUTED = _EXPORTER.raw["kv_computed"]
+KV_LOADED = _EXPORTER.raw["kv_loaded"]
+KV_BLOCKS = _EXPORTER.raw["kv_blocks"]
 #: Windows of the recorded parts: the dashboards read 5m, the alerts ``kv_window``.
 KV_DASHBOARD_WINDOW = "5m"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prefixwatch.core.names import L_PART
+from prefixwatch.core.names import L_PART, LEDGER_TAIL
 from prefixwatch.core.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
@@ -53,11 +53,13 @@ def kv_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any]) -
     above = round(min(share + 0.1, 0.95), 6)
     below = round(share / 2, 6)
     # 20. A replica recomputes what it evicted: from 20m on, `above` of its prompt tokens are
-    #     the eviction part (novel the rest of the misses). The window's share passes the
-    #     threshold within the window, then `for`: quiet before, firing after.
+    #     the eviction part (the tails 2%, novel the rest of the misses). The window's share
+    #     passes the threshold within the window, then `for`: quiet before, firing after; the
+    #     tail is one of the recorded shares (of the computed tokens: 0.02 / 0.9).
     start = 20.0
     minutes = start + window + for_ + 15
-    evicting = {"eviction": above, "novel": round(0.9 - above, 6)}
+    tail = 0.02
+    evicting = {"eviction": above, "novel": round(0.9 - above - tail, 6), LEDGER_TAIL: tail}
     labels = {**m, "target": "vllm-0:8000", L_PART: "eviction"}
     shares = r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW)
     sample = ",".join(f'{k}="{v}"' for k, v in sorted({**cases.extra, **m}.items()))
@@ -69,7 +71,11 @@ def kv_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any]) -
         cases.at(ALERT_KV_ROUTING, minutes - 1, [])],
         [{"expr": f"round(sum by (model_name) ({shares}), 0.000001)",
           "eval_time": f"{round(minutes - 1)}m",
-          "exp_samples": [{"labels": "{" + sample + "}", "value": 1}]}])
+          "exp_samples": [{"labels": "{" + sample + "}", "value": 1}]},
+         {"expr": f'round({shares}{{{L_PART}="{LEDGER_TAIL}"}}, 0.000001)',
+          "eval_time": f"{round(minutes - 1)}m",
+          "exp_samples": [{"labels": f'{{{sample},{L_PART}="{LEDGER_TAIL}"}}',
+                           "value": round(tail / 0.9, 6)}]}])
     #     Below the threshold it stays quiet.
     case(cases.traffic([phase(minutes, busy, 0.1)]) +
          kv_series(cases, "vllm-0:8000", {"eviction": below, "novel": 0.9 - below}, busy,

@@ -169,9 +169,9 @@ class Panels(PanelBase):
                         "pool or a host tier), routing (another replica held them: "
                         "prefix-aware routing), layout (the same text after a short "
                         "divergence near the top: move the varying part down), novel (no "
-                        "replica ever held it: nothing to win), and the tokens after a "
-                        "prompt's last full block (never cacheable). Tokens a lower tier "
-                        "loaded are not computed and not here. "
+                        f"replica ever held it: nothing to win) and {names.LEDGER_TAIL} (the "
+                        "tokens after a prompt's last full block, never cacheable). Tokens a "
+                        "lower tier loaded are not computed and not here. "
                         f"{self.cfg.runbook('kv-events-why-tokens-were-computed')}",
             targets=[self.target(expr, legend, "A")],
             unit="percentunit", valueMin=0, valueMax=1,
@@ -313,12 +313,14 @@ class Panels(PanelBase):
                                       "value": {"mode": "none", "group": "B"}}]}]
         self.add(g.TimeSeries(
             title="Where the misses go",
-            description="The hit-rate ledger (5m, needs the exporter's --requests-log): the "
+            description="The hit-rate ledger (5m, needs the exporter's --requests-log or a "
+                        "KV event stream): the "
                         "missed prompt tokens of each model as stacked shares, with the hit "
                         "rate they leave: novel (no earlier request shares it: nothing to "
                         "win), layout (a varying span near the top: move it down), routing "
                         "(cached on another replica: prefix-aware routing), eviction (the pool "
-                        "lost it: a larger pool or a host tier), unexplained (the engines' "
+                        "lost it: a larger pool or a host tier), tail (from KV events: the "
+                        "tokens after a prompt's last full block), unexplained (the engines' "
                         "cached tokens against the replay, signed). TTFT p50 on the right "
                         f"axis. {self.cfg.runbook('the-hit-rate-ledger')}",
             targets=[self.target(missed, "{{model_name}} {{part}}", "A"),

@@ -118,10 +118,11 @@ class Recording(Exprs):
         return rules
 
     def ledger_rules(self) -> list[dict[str, Any]]:
-        """The hit-rate ledger's parts per model (the exporter's, from a request log): its
-        counted parts, the engines' cached tokens of every tier as ``achieved`` and
-        ``unexplained = pool_reach - achieved``, so the shares sum to 1. Only the exporter
-        has a ledger; absent without a request log."""
+        """The hit-rate ledger's parts per model (the exporter's, from a request log or the KV
+        event streams): its counted parts, the engines' cached tokens of every tier as
+        ``achieved``, the event ledger's ``tail`` (the tokens no full block covers; absent for
+        a request log) and ``unexplained = pool_reach - achieved - tail``, so the shares sum
+        to 1. Only the exporter has a ledger; absent without a request log or a stream."""
         if self.src.name != "exporter":
             return []
         tokens, w5 = f"{names.OUT_LEDGER_TOKENS.name}_total", self.w("5m")
@@ -133,11 +134,15 @@ class Recording(Exprs):
 
         achieved = r_cached(MODEL, "5m") if self.src.tiers else r_hits(MODEL, "5m")
         prompt, pool = part('="prompt"'), part('="pool_reach"')
-        missed = "|".join(p for p in names.LEDGER_SHARES if p in names.LEDGER_COUNTED)
+        missed = "|".join([p for p in names.LEDGER_SHARES if p in names.LEDGER_COUNTED]
+                          + [names.LEDGER_TAIL])
+        tail_matcher = f'="{names.LEDGER_TAIL}"'
+        tail = f"({part(tail_matcher)} or 0 * {pool})"
         by_part = "\nor\n".join((
             part(f'=~"{missed}"', names.L_PART),
             f'label_replace({achieved} and {on} {prompt}, "{names.L_PART}", "achieved", "", "")',
-            f'label_replace({pool} - {on} {achieved}, "{names.L_PART}", "unexplained", "", "")'))
+            f'label_replace({pool} - {on} {achieved} - {on} {tail}, "{names.L_PART}", '
+            '"unexplained", "", "")'))
         return [{"record": R_LEDGER_TOKENS, "expr": by_part},
                 {"record": R_LEDGER_SHARE,
                  "expr": f"{R_LEDGER_TOKENS}\n/ {on} group_left ()\n({prompt} > 0)"}]

@@ -44,61 +44,27 @@ from typing import Any
 import msgspec
 import zmq
 
+from prefixwatch.core.kvevents import (
+    REPLAY_END,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    KVEventBatch,
+)
+
 log = logging.getLogger("prefixwatch.simulate")
 
 MASK = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # odd: multiplication by it is a bijection mod 2**64
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 #: vLLM's KVEventsConfig defaults.
 DEFAULT_HWM = 100_000
 DEFAULT_BUFFER_STEPS = 10_000
 DEFAULT_MAX_QUEUE = 100_000
 #: SIGTERM must end the process within 2 s: the publisher thread's longest wait.
 _POLL_S = 0.05
-
-
-class KVCacheEvent(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
-    """Base of vLLM's KV cache events: a map tagged by ``"type"`` (the class name)."""
-
-
-class BlockStored(KVCacheEvent):
-    """Blocks just cached; fields in vLLM 0.33's order (the recording's key order)."""
-
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[int] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-    data_parallel_rank: int | None = None
 
 
 def process_hash_seed() -> int | None:
@@ -324,7 +290,7 @@ class KVEventPublisher:
             for seq, payload in buffered:
                 self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload),
                                             flags=zmq.NOBLOCK)
-            self._replay.send_multipart((client, b"", END_SEQ, b""), flags=zmq.NOBLOCK)
+            self._replay.send_multipart((client, b"", REPLAY_END, b""), flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("KV events replay client is not reading; replay cut short")
 

@@ -55,6 +55,7 @@ def rows(sources: Iterable[KvSource]) -> Iterator[Row]:
         model = snap.model
         for part in names.KV_COMPUTED_PARTS:
             yield Row(names.OUT_KV_COMPUTED, [t, model, part], float(snap.computed[part]))
+        yield Row(names.OUT_KV_COMPUTED, [t, model, names.LEDGER_TAIL], float(source.tail_tokens))
         for medium, tokens in sorted(snap.loaded.items()):
             yield Row(names.OUT_KV_LOADED, [t, model, medium], float(tokens))
         if snap.divergence[0][-1][1]:
@@ -90,7 +91,7 @@ def add_ledger_families(family, ledgers, windows: dict[str, float]) -> set[str]:
     for model in sorted(models):
         total = ledgers.model_span(model, None)
         if total is not None:
-            counted = event_counted(total.shares, total.prompt)
+            counted = ledgers.counters(model, event_counted(total.shares, total.prompt))
             for part in EVENT_COUNTED:
                 tokens.add_metric([model, part], float(counted[part]))
         for window, seconds in windows.items():

@@ -65,6 +65,7 @@ class EventLedgers:
         self.lock = threading.Lock()
         self._history: dict[str, deque[Sample]] = {}
         self._first: dict[str, Sample] = {}
+        self._written: dict[str, dict[str, int]] = {}
 
     def sample(self, now: float) -> None:
         for name, source in self.sources.items():
@@ -84,13 +85,20 @@ class EventLedgers:
             sample = Sample(now, *got, computed)
             with self.lock:
                 ring = self._history.setdefault(name, deque())
-                if ring and sample.prompt < ring[-1].prompt:  # the engine restarted
+                restarted = bool(ring) and sample.prompt < ring[-1].prompt
+                if restarted:  # the engine restarted
                     ring.clear()
                     self._first.pop(name, None)
                 ring.append(sample)
                 self._first.setdefault(name, sample)
                 while len(ring) > 2 and ring[1].at < now - self.horizon:
                     ring.popleft()
+            span = self.span(name, None)
+            tail = span.shares[names.LEDGER_TAIL] if span is not None else 0
+            # The tail part of the target's computed-token counter: since the first sample,
+            # never going down while the engine runs (the stream and the counters are read at
+            # different moments), back to 0 when it restarts (a counter reset).
+            source.tail_tokens = tail if restarted else max(source.tail_tokens, tail)
 
     def models(self) -> dict[str, list[str]]:
         """model -> the targets whose event ledger has at least one sample."""
@@ -125,6 +133,18 @@ class EventLedgers:
         computed = {p: last.computed[p] - start.computed[p] for p in names.KV_COMPUTED_PARTS}
         return Span(prompt, requests, event_shares(
             prompt, round(last.cached - start.cached), computed, requests, bs))
+
+    def counters(self, model: str, counted: dict[str, int]) -> dict[str, int]:
+        """The model's ledger counters as written: each never lower than it was. The stream
+        and the engines' counters are read at different moments, and blocks of generated
+        tokens (vLLM caches those too) can make the stream's parts outgrow the prompt's for a
+        while, so ``pool_reach`` (and the tail) can dip; a counter that fell would read as a
+        reset, and a rate over it as a burst of the whole value."""
+        with self.lock:
+            written = self._written.setdefault(model, {})
+            for part, n in counted.items():
+                written[part] = max(written.get(part, n), n)
+            return dict(written)
 
     def model_span(self, model: str, seconds: float | None) -> Span | None:
         """A model's ledger summed over its targets (before any share is taken)."""

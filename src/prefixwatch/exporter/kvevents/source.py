@@ -71,6 +71,9 @@ class KvSource:
         self.errors: dict[str, int] = {}  # stream-level reasons (the mirror keeps its own)
         #: New chains by what varies where they diverge (filled by the tokenizer thread).
         self.kinds: dict[str, int] = {}
+        #: Tokens no full block covered (the ledger's tail), since the exporter followed the
+        #: target: written by the event ledger at each sample, exposed as the ``tail`` part.
+        self.tail_tokens = 0
         self._next: dict[bytes, int] = {}
         self._decoder = BatchDecoder()
         self._held: list[kvevents.Batch] = []  # batches before the model is known

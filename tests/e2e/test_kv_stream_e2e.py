@@ -1,0 +1,123 @@
+"""The simulator's KV event stream reaches the exporter: two simulated replicas publish on free
+ports, the exporter subscribes to each (``kv_events`` per target), a few requests share a system
+prompt round-robin, and the exporter's block counts and computed-token parts equal what the
+simulator's own pools and responses say.
+
+Real sockets and HTTP on 127.0.0.1, ports 0; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from prefixwatch.core import names
+from prefixwatch.exporter.config import ExporterConfig, TargetConfig
+from prefixwatch.exporter.service import Exporter
+from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.server import Replica, ReplicaServer
+
+BS = 16
+SYSTEM = [5_000 + j for j in range(40)]  # two full blocks and 8 tokens of a third
+SUFFIX = 21  # each prompt: 61 tokens, 3 full blocks and a 13-token tail
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def wait_for(check, seconds: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        got = check()
+        if got:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"within {seconds:g} s: {what} ({got!r})")
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> None:
+    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+    sims = [ReplicaServer(Replica(cfg, index=i, kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
+                          "127.0.0.1", 0) for i in range(2)]
+    for s in sims:
+        s.start()
+    targets = tuple(TargetConfig(f"http://127.0.0.1:{s.port}/metrics", name=f"r{i}",
+                                 kv_events=s.replica.kv_publisher.endpoint)
+                    for i, s in enumerate(sims))
+    exporter = Exporter(ExporterConfig(targets=targets, interval=0.3,
+                                       listen_address="127.0.0.1:0"))
+    exporter.start()
+    try:
+        # Subscribed (and polled once, so the ledger's baseline is there) before any request:
+        # PUB drops what it sends before a subscription arrives.
+        wait_for(lambda: all(value(scrape(exporter.port), "prefixwatch_kv_events_up",
+                                   target=t.name) == 1.0 for t in targets),
+                 what="both streams up")
+        wait_for(lambda: all(m.up for m in exporter.monitors), what="both targets polled")
+        time.sleep(1.0)
+        cached: dict[str, list[int]] = {"r0": [], "r1": []}
+        for k in range(4):
+            i = k % 2
+            prompt = SYSTEM + [9_000 + 100 * k + j for j in range(SUFFIX)]
+            r = requests.post(f"http://127.0.0.1:{sims[i].port}/v1/completions",
+                              json={"prompt": prompt, "max_tokens": 1}, timeout=10)
+            assert r.status_code == 200
+            cached[f"r{i}"].append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+            time.sleep(0.2)  # one request at a time: r1's first sees r0's blocks
+        prompt_len = len(SYSTEM) + SUFFIX
+        full = prompt_len // BS
+
+        def pools_match() -> bool:
+            got = scrape(exporter.port)
+            for i, s in enumerate(sims):
+                t, pool = f"r{i}", s.replica.engine.pool
+                resident = sum(node is not None for node in pool.node_of)
+                if (value(got, "prefixwatch_kv_blocks_total", target=t, medium="GPU",
+                          op="removed") != pool.evictions
+                        or value(got, "prefixwatch_kv_blocks_total", target=t, medium="GPU",
+                                 op="stored") != resident + pool.evictions
+                        or value(got, "prefixwatch_kv_resident_blocks", target=t,
+                                 medium="GPU") != resident
+                        or value(got, "prefixwatch_kv_computed_tokens_total", target=t,
+                                 model_name=cfg.model, part=names.LEDGER_TAIL)
+                        != 2 * (prompt_len - full * BS)):
+                    return False
+            return True
+
+        wait_for(pools_match, what="the exporter's blocks equal the simulator's pools")
+        got = scrape(exporter.port)
+        for t in ("r0", "r1"):
+            parts = {p: value(got, "prefixwatch_kv_computed_tokens_total", target=t,
+                              model_name=cfg.model, part=p)
+                     for p in names.KV_COMPUTED_SERIES_PARTS}
+            # Every full block a request did not get from the cache was computed, and stored.
+            computed = sum(full * BS - c for c in cached[t])
+            assert sum(v for p, v in parts.items() if p != names.LEDGER_TAIL) == computed, parts
+            assert value(got, "prefixwatch_kv_events_lost_total", target=t) == 0.0
+            assert parts["eviction"] == 0.0
+        # r1's first request found the system prompt's two blocks on r0: routing, not novel.
+        assert cached["r1"][0] == 0 and cached["r1"][1] == 2 * BS
+        assert value(got, "prefixwatch_kv_computed_tokens_total", target="r1",
+                     model_name=cfg.model, part="routing") == 2 * BS
+        assert value(got, "prefixwatch_kv_computed_tokens_total", target="r0",
+                     model_name=cfg.model, part="routing") == 0.0
+        # The landing page shows the streams and the ledger from them.
+        page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
+        assert "KV event streams" in page and "from the KV event" in page
+    finally:
+        exporter.stop()
+        for s in sims:
+            s.stop()
