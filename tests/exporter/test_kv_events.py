@@ -252,7 +252,7 @@ def test_otlp_carries_the_same_kv_figures(fleet) -> None:
 
     receiver = Receiver()
     bridge = OtlpBridge(fleet.exp.monitors, receiver.endpoint, state=fleet.exp.state,
-                        kv_sources=fleet.exp.kv.sources)
+                        kv_sources=fleet.exp.kv.all_sources)
     try:
         bridge.export()
         got = {}

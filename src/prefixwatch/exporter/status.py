@@ -210,8 +210,6 @@ class EventLedgerStatus:
             return lines
         finally:
             exp.kv.stop()
-            for mon in exp.monitors:
-                mon.close()
 
 
 def event_ledger_status(config: ExporterConfig) -> EventLedgerStatus | None:
