@@ -222,6 +222,28 @@ def test_bad_token_ids_are_refused_with_their_line(ids: str, detail: str, tmp_pa
         f"{alone}:1: {bad.reason})"]
 
 
+@pytest.mark.parametrize("line, reason", [
+    ('{"prompt_token_ids": [5, -3], "lora": 7}',
+     "prompt_token_ids must be a non-empty list of token ids (expected `int` >= 0 at "
+     "prompt_token_ids[1])"),
+    ('{"lora": 7, "prompt_token_ids": [5, -3]}',
+     "lora must be a string (expected `str | null`, got `int` at lora)"),
+    ('{"prompt": [5, -3]}',
+     "prompt must be a non-empty string or a non-empty list of token ids (expected `int` >= 0 "
+     "at prompt[1])"),
+])
+def test_a_line_the_fast_pass_refuses_gets_the_strict_reason(line: str, reason: str,
+                                                             tmp_path: Path) -> None:
+    """Ids are first decoded as plain integers (packing refuses a negative one); the reason
+    is still the strict decoder's first error, in the line's own order."""
+    from prefixwatch.core.logformat import BadLine, read_jsonl
+
+    log = tmp_path / "r.jsonl"
+    log.write_text(line + "\n")
+    (bad,) = read_jsonl([str(log)])
+    assert isinstance(bad, BadLine) and (bad.where, bad.reason) == (f"{log}:1", reason)
+
+
 def test_token_ids_beyond_32_bits_are_refused(tmp_path: Path) -> None:
     from prefixwatch.core.logformat import BadLine, read_jsonl
 

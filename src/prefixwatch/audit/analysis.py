@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core.blockcache import BlockPool
 from prefixwatch.core.ledger import Ledger
 from prefixwatch.core.logformat import packed_ids
 from prefixwatch.core.prefixindex import Divergence, PrefixIndex, RequestResult
@@ -35,6 +34,8 @@ class LruReplay:
     """The same log through a KV pool of N blocks with vLLM's eviction order."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
+        from prefixwatch.core.blockcache import BlockPool  # only with --kv-blocks
+
         self.pool = BlockPool(num_blocks, block_size)
 
     def add(self, tokens: Sequence[int], extra_keys: Hashable = None) -> int:

@@ -30,6 +30,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from prefixwatch.core.cacherule import cached_tokens_for
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -87,10 +89,6 @@ def child_id(parent: int, depth: int, block: tuple[int, ...]) -> int:
     return (parent + (hash(block) & MASK) * weight) & MASK
 
 
-def cached_tokens_for(num_tokens: int, hit_blocks: int, block_size: int) -> int:
-    """Tokens served from cache: whole hit blocks, never past ``num_tokens - 1``."""
-    max_blocks = max(num_tokens - 1, 0) // block_size
-    return min(hit_blocks, max_blocks) * block_size
 
 __all__ = ["Admission", "BlockEvents", "BlockPool", "NoFreeBlocks", "Node", "Residency",
            "block_ids", "cached_tokens_for", "child_id", "root_id"]

@@ -32,10 +32,14 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prefixwatch.core import names
-from prefixwatch.core.blockcache import BlockPool, cached_tokens_for
+from prefixwatch.core.cacherule import cached_tokens_for
 from prefixwatch.core.prefixindex import Divergence, Entry, Node, PrefixIndex, RequestResult
+
+if TYPE_CHECKING:
+    from prefixwatch.core.blockcache import BlockPool
 
 #: The longest varying span (tokens) a layout fix is credited for: a date, an id, a name.
 LAYOUT_SPAN = 64
@@ -204,6 +208,8 @@ class Ledger:
         blocks = self.pool_blocks(replica)
         if blocks is None or blocks < 2:
             return None  # asked again next time: the size may be known by then
+        from prefixwatch.core.blockcache import BlockPool  # only with a pool size
+
         pool = self.pools[replica] = BlockPool(blocks, self.bs)
         return pool
 

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Hashable, MutableSequence, Sequence
 from dataclasses import dataclass
 
-from prefixwatch.core.blockcache import cached_tokens_for
+from prefixwatch.core.cacherule import cached_tokens_for
 
 CONTEXT_TOKENS = 12
 _PROBE = 16  # tokens compared first, before a whole long edge

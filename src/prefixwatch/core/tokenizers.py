@@ -12,11 +12,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from prefixwatch.core import schemas
 from prefixwatch.core.logformat import LogRequest
 
 
@@ -87,10 +85,12 @@ class BuiltinTokenizer(OneByOne):
 class ServerTokenizer:
     """vLLM's /tokenize, several requests in flight (vLLM takes one prompt per call).
 
-    ``requests`` (and ``neterrors``, which needs it) is imported here, not with the module:
-    an audit of pre-tokenized lines never pays for it."""
+    ``requests`` (and ``neterrors``, which needs it) and the thread pool are imported here,
+    not with the module: an audit of pre-tokenized lines never pays for them."""
 
     def __init__(self, base_url: str, concurrency: int = 16, timeout: float = 30.0) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         import requests
 
         from prefixwatch.core import neterrors
@@ -167,6 +167,8 @@ class ServerTokenizer:
 def block_size_on_page(page: str) -> int | None:
     """The one block size that the page's cache_config_info series declare, else None."""
     from prometheus_client.parser import text_string_to_metric_families
+
+    from prefixwatch.core import schemas
 
     sizes: set[int] = set()
     try:
