@@ -249,12 +249,12 @@ class TargetMirror:
             if parent is None and toks:
                 self.count_error(names.KV_ERROR_UNKNOWN_PARENT)
                 parent = fleet.root(("unknown parent", ev.lora_name, ev.parent_block_hash))
-        extra = ev.extra_keys
         resident = self.resident
         lower = [(m, per) for m, per in resident.items() if m != DEVICE and per]
         res = resident.get(medium)
         if res is None:
             res = resident[medium] = {}
+        res_get = res.get
         blocks = fleet.blocks
         blocks_get = blocks.get
         rid, bit = self.rid, self.bit
@@ -265,19 +265,19 @@ class TargetMirror:
         stored_here = 0
         evicted = routed = novel = 0
         with_tokens = bool(toks) and parent is not None
-        words = array("I", toks).tobytes() if with_tokens else b""
         width = 4 * bs
+        if with_tokens:
+            words = array("I", toks).tobytes()
+            parts: list[bytes] = [words[o:o + width] for o in range(0, n * width, width)]
+            keys = _keys(ev.extra_keys, n)
         lookup = self._lookup
         loaded = self.loaded
         node: Block | None
         for i in range(n):
             h = hashes[i]
             if with_tokens:
-                part = words[i * width:(i + 1) * width]
-                if extra and i < len(extra) and extra[i] is not None:
-                    cid = hash((parent.cid, _freeze(extra[i]), part))  # type: ignore[union-attr]
-                else:
-                    cid = hash((parent.cid, None, part))  # type: ignore[union-attr]
+                part = parts[i]
+                cid = hash((parent.cid, keys[i] if keys else None, part))  # type: ignore
                 node = blocks_get(cid)
                 if node is None:
                     node = Block(cid, parent, part, parent.end + bs)  # type: ignore[union-attr]
@@ -294,23 +294,40 @@ class TargetMirror:
                     if h in per:
                         source = m
                         break
-            if source is not None:
-                loaded[source] = loaded.get(source, 0) + bs
-                keep(None)
-            elif node is None:
-                novel += 1
-                keep(None)
-            elif node.evicted & bit:
-                evicted += 1
-                keep(None)
-            elif len(node.holders) - (rid in node.holders) > 0:
-                routed += 1
+            if node is None:
+                mine = 0
+                if source is not None:
+                    loaded[source] = loaded.get(source, 0) + bs
+                else:
+                    novel += 1
                 keep(None)
             else:
-                keep(node)  # layout or novel: decided below
-            if not _hold(res, h, node, ts, rid, stored_here < room):
-                self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                break
+                holders = node.holders
+                mine = holders.get(rid, 0)
+                if source is not None:
+                    loaded[source] = loaded.get(source, 0) + bs
+                    keep(None)
+                elif node.evicted & bit:
+                    evicted += 1
+                    keep(None)
+                elif len(holders) > (mine > 0):
+                    routed += 1
+                    keep(None)
+                else:
+                    keep(node)  # layout or novel: decided below
+            # One more resident copy of this hash (and of its content, for this replica).
+            entry = res_get(h)
+            if entry is None:
+                if stored_here >= room:
+                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                    break
+                res[h] = [node, ts]
+            else:
+                if entry[0] is None:
+                    entry[0] = node
+                entry.append(ts)
+            if node is not None:
+                holders[rid] = mine + 1
             stored_here += 1
             parent = node
         computed = self.computed
@@ -361,9 +378,19 @@ class TargetMirror:
                 if node is None:
                     node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
                     parent.children[cid] = node
-            if not _hold(res, h, node, ts, rid, held < room):
-                self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
-                break
+            entry = res.get(h)
+            if entry is None:
+                if held >= room:
+                    self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
+                    break
+                res[h] = [node, ts]
+            else:
+                if entry[0] is None:
+                    entry[0] = node
+                entry.append(ts)
+            if node is not None:
+                holders = node.holders
+                holders[rid] = holders.get(rid, 0) + 1
             held += 1
         self.resident_count[medium] = self.resident_count.get(medium, 0) + held
         self._total += held
@@ -526,24 +553,6 @@ class MirrorSnapshot:
 
 
 
-def _hold(res: dict[Any, list], h: Any, node: Block | None, ts: float, rid: int,
-          room: bool) -> bool:
-    """One more resident copy of block ``h`` (and of its content, for replica ``rid``);
-    False when it is a new hash and there is no ``room``."""
-    entry = res.get(h)
-    if entry is None:
-        if not room:
-            return False
-        res[h] = [node, ts]
-    else:
-        if entry[0] is None:
-            entry[0] = node
-        entry.append(ts)
-    if node is not None:
-        node.holders[rid] = node.holders.get(rid, 0) + 1
-    return True
-
-
 def _path_tokens(node: Block, skip: int, want: int) -> list[int]:
     """Up to ``want`` tokens along the most recent path from ``node``, after ``skip``."""
     out: list[int] = []
@@ -552,6 +561,15 @@ def _path_tokens(node: Block, skip: int, want: int) -> list[int]:
         skip = 0
         node = next(reversed(node.children.values()), None) if node.children else None
     return out
+
+
+def _keys(extra: list[Any] | None, n: int) -> list[Any] | None:
+    """The identity key of each of ``n`` blocks from an event's extra keys (None: none)."""
+    if not extra:
+        return None
+    keys = [None if x is None else _freeze(x) for x in extra[:n]]
+    keys.extend([None] * (n - len(keys)))
+    return keys
 
 
 def _freeze(value: Any) -> Any:
