@@ -183,35 +183,43 @@ class TargetMirror:
         for reason, n in batch.dropped.items():
             self.count_error(reason, n)
         ts = batch.ts
-        events = self.events
         removing: list[Any] = []  # consecutive removals of one medium go in one pass
         removing_from = DEVICE
+        removed = stored = cleared = 0  # events, counted in bulk (as far as applied)
+        store, store_lower = self._store, self._store_lower
         with self.fleet.lock:
-            for event in batch.events:
-                kind = type(event)
-                if kind in REMOVED_TYPES:
-                    events["BlockRemoved"] += 1
-                    medium = event.medium or DEVICE
-                    if removing and medium != removing_from:
+            try:
+                for event in batch.events:
+                    kind = type(event)
+                    if kind in REMOVED_TYPES:
+                        removed += 1
+                        medium = event.medium or DEVICE
+                        if removing and medium != removing_from:
+                            self._remove(removing, removing_from, ts)
+                            removing = []
+                        removing_from = medium
+                        removing.extend(event.block_hashes)
+                        continue
+                    if removing:
                         self._remove(removing, removing_from, ts)
                         removing = []
-                    removing_from = medium
-                    removing.extend(event.block_hashes)
-                    continue
+                    if kind in STORED_TYPES:
+                        stored += 1
+                        medium = event.medium
+                        if medium is None or medium == DEVICE:
+                            store(event, ts)
+                        else:
+                            store_lower(event, ts)
+                    else:
+                        cleared += 1
+                        self.clear()
                 if removing:
                     self._remove(removing, removing_from, ts)
-                    removing = []
-                if kind in STORED_TYPES:
-                    events["BlockStored"] += 1
-                    if event.medium is None or event.medium == DEVICE:
-                        self._store(event, ts)
-                    else:
-                        self._store_lower(event, ts)
-                else:
-                    events["AllBlocksCleared"] += 1
-                    self.clear()
-            if removing:
-                self._remove(removing, removing_from, ts)
+            finally:
+                events = self.events
+                events["BlockRemoved"] += removed
+                events["BlockStored"] += stored
+                events["AllBlocksCleared"] += cleared
             if len(self.fleet.blocks) > self.fleet.max_blocks:
                 dropped = self.fleet.trim()
                 if dropped:
@@ -359,13 +367,21 @@ class TargetMirror:
         held = 0
         words = b""
         width = 4 * bs
-        lookup = self._lookup
+        tiers = self.resident.values()
+        recent_get = self._recent.get
         node: Block | None = None
         for i in range(n):
             h = hashes[i]
             # The engine's own hash: a block it holds (on the device, mostly: the tier copies
-            # what the device computed) is that content, with no token to pack.
-            prev, node = node, lookup(h)
+            # what the device computed) is that content, with no token to pack (_lookup).
+            prev = node
+            for per in tiers:
+                entry = per.get(h)
+                if entry is not None and entry[0] is not None:
+                    node = entry[0]
+                    break
+            else:
+                node = recent_get(h)
             if node is None and toks:
                 parent = prev if i else self._lower_parent(ev)
                 if not words:
