@@ -14,7 +14,8 @@ classified once, when stored, by why (in tokens, ``block_size`` each):
 - ``eviction``: this replica held that content before and removed it;
 - ``routing``: otherwise, another replica of the model holds it now (any medium);
 - ``layout``: otherwise, the same text as an earlier chain after a short divergence
-  (``core.ledger.layout_end_from``: the request ledger's own definition);
+  (``core.ledger.layout_end_from``, the request ledger's own definition, here on the packed
+  words: ``layout_end``);
 - ``novel``: the rest.
 
 A device block whose hash a lower tier of the same replica holds is ``loaded`` from that tier,
@@ -35,7 +36,7 @@ from typing import Any
 
 from prefixwatch.core import names
 from prefixwatch.core.kvevents import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
-from prefixwatch.core.ledger import layout_end_from
+from prefixwatch.core.ledger import LAYOUT_SPAN
 
 DEVICE = "GPU"
 #: Why a device block had to be computed (prefixwatch_kv_computed_tokens_total{part}).
@@ -274,6 +275,7 @@ class TargetMirror:
         evicted = routed = novel = 0
         with_tokens = bool(toks) and parent is not None
         width = 4 * bs
+        words = b""
         if with_tokens:
             words = array("I", toks).tobytes()
             parts: list[bytes] = [words[o:o + width] for o in range(0, n * width, width)]
@@ -346,7 +348,7 @@ class TargetMirror:
         self.resident_count[medium] = self.resident_count.get(medium, 0) + stored_here
         self._total += stored_here
         if chain:
-            self._classify(chain, created_at, toks, bs)
+            self._classify(chain, created_at, toks, words, bs)
 
     def _store_lower(self, ev: Any, ts: float) -> None:
         """A lower tier's store (CPU, disk, ...): residency and content, no classification."""
@@ -421,7 +423,7 @@ class TargetMirror:
         return parent
 
     def _classify(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
-                  bs: int) -> None:
+                  words: bytes, bs: int) -> None:
         """Layout or novel for the computed blocks no other part claimed."""
         computed = self.computed
         layout_until = -1  # blocks of the chain before this index are layout
@@ -430,7 +432,7 @@ class TargetMirror:
             start = self._divergence(new, created_at, toks, bs) if new is not None else None
             if start is not None:
                 first, j, depth = start
-                end = layout_end_from(array("I", toks[created_at * bs:]), j, first, depth, bs)
+                end = layout_end(words[created_at * 4 * bs:], j, first, depth, bs)
                 if end:
                     layout_until = created_at + end // bs
         kept = len(chain) - chain.count(None)
@@ -595,3 +597,76 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
     return value
+
+
+# -- The layout search on packed words ----------------------------------------------------------
+# ``core.ledger.layout_end_from`` with the query and the blocks' edges as 4-byte words: the same
+# result (the tests compare both), without an ``array`` per block along the sibling path.
+
+
+def layout_end(words: bytes, d: int, first: Block, depth: int, bs: int) -> int:
+    """``layout_end_from(q, d, first, depth, bs)`` for ``q`` packed as ``words``."""
+    n = len(words) >> 2
+    if n - d < bs + 1:
+        return 0
+    skip = depth - (first.end - (len(first.raw) >> 2))
+    head = _head_words(first, skip + LAYOUT_SPAN + bs)[4 * skip:]
+    if len(head) < 4 * bs:
+        return 0
+    mine = array("I")
+    mine.frombytes(words[4 * d:4 * (d + LAYOUT_SPAN + bs)])
+    starts = mine[:LAYOUT_SPAN + 1]
+    theirs = array("I")
+    theirs.frombytes(head)
+    seen = set(theirs)  # a block can only start on a token the sibling has: most never do
+    if seen.isdisjoint(starts):
+        return 0
+    for s in [s for s, t in enumerate(starts) if t in seen]:
+        if s + bs > len(mine):
+            break
+        needle = words[4 * (d + s):4 * (d + s + bs)]
+        at = head.find(needle)
+        while at != -1 and at % 4:
+            at = head.find(needle, at + 1)
+        if at == -1 or at // 4 > LAYOUT_SPAN:
+            continue
+        return d + s + bs + _run_words(words, d + s + bs, first, depth + at // 4 + bs)
+    return 0
+
+
+def _head_words(node: Block, want: int) -> bytes:
+    """The first ``want`` tokens (as words) of the sibling path from ``node``."""
+    out = b""
+    while True:
+        out += node.raw[:4 * want - len(out)]
+        if len(out) >= 4 * want or not node.children:
+            return out
+        node = next(reversed(node.children.values()))
+
+
+def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
+    """The common run (in tokens) of ``words`` from token ``i`` and the sibling path from
+    ``node`` (most recent children) read from absolute ``depth`` on, block by block."""
+    while depth >= node.end:  # down to the block that holds ``depth``
+        if not node.children:
+            return 0
+        node = next(reversed(node.children.values()))
+    run, n = 0, len(words) >> 2
+    while i < n:
+        raw = node.raw
+        size = len(raw) >> 2
+        off = depth - (node.end - size)
+        m = min(n - i, size - off)
+        k = 0
+        if m > 0:
+            a, b = words[4 * i:4 * (i + m)], raw[4 * off:4 * (off + m)]
+            if a == b:
+                k = m
+            else:
+                while a[4 * k:4 * k + 4] == b[4 * k:4 * k + 4]:
+                    k += 1
+        run, i, depth = run + k, i + k, depth + k
+        if depth < node.end or not node.children:
+            return run  # a difference inside this block, or the sibling ends
+        node = next(reversed(node.children.values()))
+    return run
