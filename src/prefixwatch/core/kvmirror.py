@@ -479,10 +479,11 @@ class TargetMirror:
             hist = self.lifetimes[medium] = Histogram(names.KV_LIFETIME_BUCKETS)
         bounds, counts = hist.bounds, hist.counts
         recent = self._recent
-        gone = unknown = 0
+        res_get, bucket = res.get, bisect.bisect_left
+        unknown = 0
         total_age = 0.0
         for h in hashes:
-            entry = res.get(h)
+            entry = res_get(h)
             if entry is None:
                 unknown += 1
                 continue
@@ -492,9 +493,8 @@ class TargetMirror:
                 del res[h]
                 if node is not None:
                     recent[h] = node
-            gone += 1
             age = age if age > 0.0 else 0.0
-            counts[bisect.bisect_left(bounds, age)] += 1
+            counts[bucket(bounds, age)] += 1
             total_age += age
             if node is not None:
                 holders = node.holders
@@ -504,6 +504,7 @@ class TargetMirror:
                 else:
                     del holders[rid]
                 node.evicted |= bit
+        gone = len(hashes) - unknown
         hist.total += total_age
         hist.n += gone
         if gone:
