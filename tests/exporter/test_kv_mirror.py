@@ -128,7 +128,7 @@ def test_the_config_keys_and_their_errors(tmp_path) -> None:
 
 
 def _check_against_the_ledger(monkeypatch) -> list[int]:
-    """Every ``kvmirror.layout_end`` call also answered by ``ledger.layout_end_from``: the
+    """Every ``kvmirror.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
     packed-word search must return the same index; returns the answers."""
     from array import array
 
@@ -136,7 +136,7 @@ def _check_against_the_ledger(monkeypatch) -> list[int]:
     from prefixwatch.core.ledger import layout_end_from
 
     answers: list[int] = []
-    fast = kvmirror.layout_end
+    fast = kvmirror.layout_end_packed
 
     def both(words, d, first, depth, bs):
         q = array("I")
@@ -146,7 +146,7 @@ def _check_against_the_ledger(monkeypatch) -> list[int]:
         answers.append(got)
         return got
 
-    monkeypatch.setattr(kvmirror, "layout_end", both)
+    monkeypatch.setattr(kvmirror, "layout_end_packed", both)
     return answers
 
 

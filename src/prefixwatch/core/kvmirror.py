@@ -15,7 +15,7 @@ classified once, when stored, by why (in tokens, ``block_size`` each):
 - ``routing``: otherwise, another replica of the model holds it now (any medium);
 - ``layout``: otherwise, the same text as an earlier chain after a short divergence
   (``core.ledger.layout_end_from``, the request ledger's own definition, here on the packed
-  words: ``layout_end``);
+  words: ``layout_end_packed``);
 - ``novel``: the rest.
 
 A device block whose hash a lower tier of the same replica holds is ``loaded`` from that tier,
@@ -423,7 +423,7 @@ class TargetMirror:
             start = self._divergence(new, created_at, toks, bs) if new is not None else None
             if start is not None:
                 first, j, depth = start
-                end = layout_end(words[created_at * 4 * bs:], j, first, depth, bs)
+                end = layout_end_packed(words[created_at * 4 * bs:], j, first, depth, bs)
                 if end:
                     layout_until = created_at + end // bs
         kept = len(chain) - chain.count(None)
@@ -615,7 +615,7 @@ def _freeze(value: Any) -> Any:
 # result (the tests compare both), without an ``array`` per block along the sibling path.
 
 
-def layout_end(words: bytes, d: int, first: Block, depth: int, bs: int) -> int:
+def layout_end_packed(words: bytes, d: int, first: Block, depth: int, bs: int) -> int:
     """``layout_end_from(q, d, first, depth, bs)`` for ``q`` packed as ``words``."""
     n = len(words) >> 2
     if n - d < bs + 1:
