@@ -162,8 +162,11 @@ class TargetMirror:
         self.bit = 1 << self.rid
         self.block_size = block_size
         self.max_resident = max_resident
-        #: medium -> block hash -> [content block or None, stored ts of each copy...]
-        self.resident: dict[str, dict[Any, list]] = {}
+        #: medium -> block hash -> its content block (None: not known); and the stored ts of
+        #: its copies (one float, a list for two or more): no list per block, so no object
+        #: per resident block for the cyclic collector to walk.
+        self.resident: dict[str, dict[Any, Block | None]] = {}
+        self.since: dict[str, dict[Any, Any]] = {}
         self.resident_count: dict[str, int] = {}
         self.stored: dict[str, int] = {}
         self.removed: dict[str, int] = {}
@@ -229,11 +232,19 @@ class TargetMirror:
     def count_error(self, reason: str, n: int = 1) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + n
 
+    def _tier(self, medium: str) -> tuple[dict[Any, Block | None], dict[Any, Any]]:
+        """The resident blocks of one medium and their copies' stored times."""
+        res = self.resident.get(medium)
+        if res is None:
+            res = self.resident[medium] = {}
+            self.since[medium] = {}
+        return res, self.since[medium]
+
     def _lookup(self, h: Any) -> Block | None:
         for per in self.resident.values():
-            entry = per.get(h)
-            if entry is not None and entry[0] is not None:
-                return entry[0]
+            node = per.get(h)
+            if node is not None:
+                return node
         return self._recent.get(h)
 
     def _store(self, ev: Any, ts: float) -> None:
@@ -260,10 +271,7 @@ class TargetMirror:
                 parent = fleet.root(("unknown parent", ev.lora_name, ev.parent_block_hash))
         resident = self.resident
         lower = [(m, per) for m, per in resident.items() if m != DEVICE and per]
-        res = resident.get(medium)
-        if res is None:
-            res = resident[medium] = {}
-        res_get = res.get
+        res, since = self._tier(medium)
         blocks = fleet.blocks
         blocks_get = blocks.get
         rid, bit = self.rid, self.bit
@@ -327,16 +335,16 @@ class TargetMirror:
                     keep(node)  # layout or novel: decided below
             # _hold, inline: the device store's loop is the ingest's hottest (a call per block
             # costs about 4% of the benchmark), and the holder count is already read.
-            entry = res_get(h)
-            if entry is None:
+            if h not in res:
                 if stored_here >= room:
                     self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
                     break
-                res[h] = [node, ts]
+                res[h] = node
+                since[h] = ts
             else:
-                if entry[0] is None:
-                    entry[0] = node
-                entry.append(ts)
+                if res[h] is None:
+                    res[h] = node
+                _one_more(since, h, ts)
             if node is not None:
                 holders[rid] = mine + 1
             stored_here += 1
@@ -361,9 +369,7 @@ class TargetMirror:
         if toks and len(toks) != n * bs:
             self.count_error(names.KV_ERROR_TOKENS)
             toks = []
-        res = self.resident.get(medium)
-        if res is None:
-            res = self.resident[medium] = {}
+        res, since = self._tier(medium)
         self.stored[medium] = self.stored.get(medium, 0) + n
         blocks, rid, extra = self.fleet.blocks, self.rid, ev.extra_keys
         room = self.max_resident - self._total
@@ -379,9 +385,8 @@ class TargetMirror:
             # what the device computed) is that content, with no token to pack (_lookup).
             prev = node
             for per in tiers:
-                entry = per.get(h)
-                if entry is not None and entry[0] is not None:
-                    node = entry[0]
+                node = per.get(h)
+                if node is not None:
                     break
             else:
                 node = recent_get(h)
@@ -397,7 +402,7 @@ class TargetMirror:
                 if node is None:
                     node = blocks[cid] = Block(cid, parent, part, parent.end + bs)
                     parent.children[cid] = node
-            if not _hold(res, h, node, ts, rid, held < room):
+            if not _hold(res, since, h, node, ts, rid, held < room):
                 self.count_error(names.KV_ERROR_MIRROR_FULL, n - i)
                 break
             held += 1
@@ -464,24 +469,29 @@ class TargetMirror:
 
     def _remove(self, hashes: Sequence[Any], medium: str, ts: float) -> None:
         res = self.resident.get(medium) or {}
+        since = self.since.get(medium) or {}
         rid, bit = self.rid, self.bit
         hist = self.lifetimes.get(medium)
         if hist is None:
             hist = self.lifetimes[medium] = Histogram(names.KV_LIFETIME_BUCKETS)
         bounds, counts = hist.bounds, hist.counts
         recent = self._recent
-        res_get, bucket = res.get, bisect.bisect_left
+        bucket = bisect.bisect_left
         unknown = 0
         total_age = 0.0
         for h in hashes:
-            entry = res_get(h)
-            if entry is None:
+            copies = since.get(h)
+            if copies is None:
                 unknown += 1
                 continue
-            age = ts - entry.pop(1)  # the oldest copy: which one went is not said
-            node = entry[0]
-            if len(entry) == 1:
-                del res[h]
+            node = res[h]
+            if type(copies) is list:  # the oldest copy: which one went is not said
+                age = ts - copies.pop(0)
+                if len(copies) == 1:
+                    since[h] = copies[0]
+            else:
+                age = ts - copies
+                del res[h], since[h]
                 if node is not None:
                     recent[h] = node
             age = age if age > 0.0 else 0.0
@@ -512,11 +522,11 @@ class TargetMirror:
         stays known, and the loss is not an eviction."""
         rid = self.rid
         for per in self.resident.values():
-            for entry in per.values():
-                node = entry[0]
+            for node in per.values():
                 if node is not None:
                     node.holders.pop(rid, None)
         self.resident.clear()
+        self.since.clear()
         self.resident_count = dict.fromkeys(self.resident_count, 0)
         self._total = 0
         self._recent.clear()
@@ -563,23 +573,32 @@ class MirrorSnapshot:
 
 
 
-def _hold(res: dict[Any, list], h: Any, node: Block | None, ts: float, rid: int,
-          room: bool) -> bool:
+def _hold(res: dict[Any, Block | None], since: dict[Any, Any], h: Any, node: Block | None,
+          ts: float, rid: int, room: bool) -> bool:
     """One more resident copy of block ``h`` (and of its content, for replica ``rid``);
     False when it is a new hash and there is no ``room``. (A device store does the same
     inline, with the holder count it has already read.)"""
-    entry = res.get(h)
-    if entry is None:
+    if h not in res:
         if not room:
             return False
-        res[h] = [node, ts]
+        res[h] = node
+        since[h] = ts
     else:
-        if entry[0] is None:
-            entry[0] = node
-        entry.append(ts)
+        if res[h] is None:
+            res[h] = node
+        _one_more(since, h, ts)
     if node is not None:
         node.holders[rid] = node.holders.get(rid, 0) + 1
     return True
+
+
+def _one_more(since: dict[Any, Any], h: Any, ts: float) -> None:
+    """One more copy of a resident hash stored at ``ts`` (rare: vLLM's duplicate blocks)."""
+    copies = since[h]
+    if type(copies) is list:
+        copies.append(ts)
+    else:
+        since[h] = [copies, ts]
 
 
 def _path_tokens(node: Block, skip: int, want: int) -> list[int]:
