@@ -125,3 +125,69 @@ def test_the_config_keys_and_their_errors(tmp_path) -> None:
                     "kv_events_replay: 'tcp://a:5558', kv_events_topic: kv-events}]\n")
     target = build_config(config_file=str(path), environ={}).targets[0]
     assert (target.kv_events_replay, target.kv_events_topic) == ("tcp://a:5558", "kv-events")
+
+
+def _check_against_the_ledger(monkeypatch) -> list[int]:
+    """Every ``kvmirror.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
+    packed-word search must return the same index; returns the answers."""
+    from array import array
+
+    from prefixwatch.core import kvmirror
+    from prefixwatch.core.ledger import layout_end_from
+
+    answers: list[int] = []
+    fast = kvmirror.layout_end_packed
+
+    def both(words, d, first, depth, bs):
+        q = array("I")
+        q.frombytes(words)
+        got = fast(words, d, first, depth, bs)
+        assert got == layout_end_from(q, d, first, depth, bs)
+        answers.append(got)
+        return got
+
+    monkeypatch.setattr(kvmirror, "layout_end_packed", both)
+    return answers
+
+
+def test_the_packed_layout_search_is_the_ledgers_on_both_recordings(monkeypatch) -> None:
+    import base64
+    import json
+    from pathlib import Path
+
+    from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+
+    answers = _check_against_the_ledger(monkeypatch)
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "kv_events"
+    fleets, sources = FleetRegistry(), {}
+    for name in ("fleet", "offload"):
+        for line in (fixtures / name / "kv_events.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            key = f"{name}/{row['topic']}"
+            source = sources.setdefault(key, KvSource(key, fleets))
+            source.ingest([row["topic"].encode(), row["seq"].to_bytes(8, "big"),
+                           base64.b64decode(row["payload_b64"])])
+    assert any(answers) and 0 in answers  # both outcomes were exercised
+
+
+def test_the_packed_layout_search_is_the_ledgers_on_random_chains(monkeypatch) -> None:
+    import random
+
+    answers = _check_against_the_ledger(monkeypatch)
+    rng = random.Random(7)
+    m = TargetMirror(FleetContent("m"))
+    base = tokens(1, 40)
+    h = 0
+    for _ in range(300):
+        toks = list(base)
+        for _ in range(rng.randrange(4)):  # a few short edits: layout after them, or novel
+            at = rng.randrange(len(toks))
+            edit = [rng.randrange(5) for _ in range(rng.randrange(1, 20))]
+            toks[at:at + rng.randrange(1, 20)] = edit
+        toks = toks[:len(toks) // BS * BS]
+        hashes = list(range(h, h + len(toks) // BS))
+        h += len(hashes)
+        apply(m, store(hashes, toks=toks))
+        if rng.random() < 0.3:
+            base = toks or base
+    assert any(answers) and 0 in answers
