@@ -34,15 +34,9 @@ from prefixwatch.exporter.chartbins import (
 )
 
 WIDTH, HEIGHT, PAD = 360, 84, 4
-
-
-# -- drawing ------------------------------------------------------------------------------------
-
 #: Polyline coordinates are integers in tenths of a pixel (cheap to format), scaled back.
 SCALE = 10
 _XS = [f"{round((PAD + i * (WIDTH - 2 * PAD) / (BINS - 1)) * SCALE)}," for i in range(BINS)]
-
-
 _BASE = (HEIGHT - PAD) * SCALE
 
 
@@ -138,9 +132,6 @@ class Chart:
 def svg_chart(binned: Binned, threshold: float, title: str) -> str:
     """One chart, drawn from scratch."""
     return Chart.of(binned).svg(threshold, title)
-
-
-# -- the cache ----------------------------------------------------------------------------------
 
 
 class _Cached:
