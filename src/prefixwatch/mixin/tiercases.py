@@ -19,7 +19,7 @@ from prefixwatch.core.rulenames import (
 )
 from prefixwatch.core.tiers import TIER_HOST
 from prefixwatch.core.windows import parse_duration
-from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase
+from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase, sample
 
 
 class TierCases:
@@ -52,13 +52,11 @@ class TierCases:
             self.at(low, 10, [] if effective else [
                 self.expect(low, "critical", m, device_part)]),
             self.at(ALERT_TIER_IDLE, 19, []),
-        ], [{"expr": f'round({r_effective("model_name", "5m")}, 0.0001)', "eval_time": "15m",
-             "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}',
-                              "value": round(device_part + host_part, 4)}]},
-            {"expr": f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
-             "eval_time": "15m",
-             "exp_samples": [{"labels": f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
-                              "value": round(busy * host_part, 3)}]}])
+        ], [sample(f'round({r_effective("model_name", "5m")}, 0.0001)', "15m",
+                   f'{{model_name="{MODEL}"}}', round(device_part + host_part, 4)),
+            sample(f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
+                   "15m", f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
+                   round(busy * host_part, 3))])
         # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical within 2.5 minutes.
         both = [Phase(60, busy, device_part, host=host_part), Phase(20, busy, 0.02, host=0.01)]
         before = device_part + (host_part if effective else 0.0)
@@ -96,7 +94,5 @@ class TierCases:
                 self.at(ALERT_OFFLOAD_FAILURES, 10, []),
                 self.at(ALERT_OFFLOAD_FAILURES, 40, [self.expect(
                     ALERT_OFFLOAD_FAILURES, "warning", {**m, "target": "vllm-0:8000"}, 0.3)])],
-                [{"expr": r_offload_failed(self.cfg.warning_window), "eval_time": "30m",
-                  "exp_samples": [{"labels": f'{r_offload_failed(self.cfg.warning_window)}'
-                                             f'{{model_name="{MODEL}",'
-                                             f'target="vllm-0:8000"}}', "value": 0.3}]}])
+                [sample(failed := r_offload_failed(self.cfg.warning_window), "30m",
+                        f'{failed}{{model_name="{MODEL}",target="vllm-0:8000"}}', 0.3)])
