@@ -250,13 +250,10 @@ class Alerts(Exprs):
                               "No prefix-cache series (or the target is down), so the hit-rate "
                               "alerts cannot fire. Check the exporter and the vLLM /metrics "
                               "endpoint."))
-        out.append({"alert": ALERT_WATCHDOG, "expr": "vector(1)",
-                    "labels": {"severity": "none"},
-                    "annotations": {
-                        "summary": "Always firing: proves the alerting pipeline works.",
-                        "description": "A dead man's switch. If its notifications stop, "
-                                       "Prometheus or Alertmanager is broken.",
-                        "runbook_url": cfg.runbook(ALERT_WATCHDOG)}})
+        out.append(self.alert(ALERT_WATCHDOG, "vector(1)", None, "none",
+                              "Always firing: proves the alerting pipeline works.",
+                              "A dead man's switch. If its notifications stop, Prometheus or "
+                              "Alertmanager is broken."))
         return out
 
     def tier_alerts(self) -> list[dict[str, Any]]:
