@@ -56,15 +56,13 @@ class DiagnosisState:
             self.kinds = kinds
 
 
+_FAMILY_KINDS = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily,
+                 "info": InfoMetricFamily}
+
+
 def _family(metric: OutMetric) -> Metric:
-    names = list(metric.labels)
-    if metric.kind == "counter":
-        return CounterMetricFamily(metric.name, metric.help, labels=names)
-    if metric.kind == "histogram":
-        return HistogramMetricFamily(metric.name, metric.help, labels=names)
-    if metric.kind == "info":
-        return InfoMetricFamily(metric.name, metric.help, labels=names)
-    return GaugeMetricFamily(metric.name, metric.help, labels=names)
+    kind = _FAMILY_KINDS.get(metric.kind, GaugeMetricFamily)
+    return kind(metric.name, metric.help, labels=list(metric.labels))
 
 
 def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
