@@ -195,10 +195,8 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
             **{k: int(merged[k]) for k in _LIMIT_KEYS if merged.get(k) is not None},
-            kv_events=validate_zmq_endpoint(entry["kv_events"], where)
-            if entry.get("kv_events") else None,
-            kv_events_replay=validate_zmq_endpoint(entry["kv_events_replay"], where)
-            if entry.get("kv_events_replay") else None,
+            **{k: validate_zmq_endpoint(entry[k], where) for k in ("kv_events", "kv_events_replay")
+               if entry.get(k)},
             kv_events_topic=str(entry.get("kv_events_topic") or ""),
         )
     except (TypeError, ValueError) as exc:
@@ -256,17 +254,13 @@ def build_config(
     cf = load_file(config_file)
     data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
-    for key, value in (("timeout", timeout), ("bearer_token_file", bearer_token_file),
-                       ("ca_file", ca_file), ("max_body_bytes", max_body_bytes)):
-        if value is not None:
-            defaults[key] = value
-    if insecure_skip_verify:
-        defaults["tls_verify"] = False
-    for key, value in (limits or {}).items():
-        if key not in _LIMIT_KEYS:
-            raise ConfigError(f"unknown limit {key!r}")
-        if value is not None:
-            defaults[key] = value
+    unknown_limits = sorted(set(limits or {}) - set(_LIMIT_KEYS))
+    if unknown_limits:
+        raise ConfigError(f"unknown limit {unknown_limits[0]!r}")
+    flags = {"timeout": timeout, "bearer_token_file": bearer_token_file, "ca_file": ca_file,
+             "max_body_bytes": max_body_bytes, "tls_verify": False if insecure_skip_verify
+             else None, **(limits or {})}
+    defaults.update({k: v for k, v in flags.items() if v is not None})
 
     if targets:
         places = ["--target"] * len(targets)
