@@ -16,7 +16,6 @@ from prefixwatch.core import settings
 from prefixwatch.core.ledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
-from prefixwatch.core.windows import SeriesHistory
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.evidence import served_tokens
@@ -187,10 +186,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
 
 
-def _pct(value: float | None) -> str:
-    return "no traffic" if value is None else f"{value:.1%}"
-
-
 def charts_section(exporter: Exporter, now: float, cached: bool = True) -> str:
     """The landing page's charts: each model's fleet, then each target's, with its diagnosis.
     ``cached=False`` draws everything from scratch (the reference the cache must match)."""
@@ -224,10 +219,9 @@ def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache
         with mon.lock:
             if not mon.up:
                 continue
-            by_model: dict[str, list[SeriesHistory]] = {}
-            for (model, _engine), state in mon.series.items():
-                if state.history is not None:
-                    by_model.setdefault(model, []).append(state.history)
+            by_model = {m: [s.history for s in states if s.history is not None]
+                        for m, states in mon.by_model().items()}
+            by_model = {m: h for m, h in by_model.items() if h}
             if cache is None:
                 charts = {m: Chart.of(bin_history(h, latest, width, _served(exporter)))
                           for m, h in by_model.items()}
@@ -273,7 +267,8 @@ def _card(target: str, model: str, chart: Chart, threshold: float, causes: list[
     diagnosis = ", ".join(causes) if causes else "no cause holds"
     return (f'<div class="card{" fleet" if fleet else ""}"><div class="head">'
             f"<b>{esc(target)}</b> &middot; {esc(model)} &middot; "
-            f'<span class="{"low" if low else "ok"}">{_pct(now)}</span></div>'
+            f'<span class="{"low" if low else "ok"}">'
+            f'{"no traffic" if now is None else f"{now:.1%}"}</span></div>'
             f"{chart.svg(threshold, title)}"
             f'<div class="diag">diagnosis: {esc(diagnosis)}</div></div>')
 
