@@ -32,10 +32,8 @@ def not_available(name: str, data: ReportData) -> str:
 
 
 def when(t: float | None, with_date: bool = False) -> str:
-    if t is None:
-        return "-"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S" if with_date
-                                                   else "%H:%M:%S")
+    return "-" if t is None else datetime.fromtimestamp(t, UTC).strftime(
+        "%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
 
 
 def pct(value: float | None) -> str:
@@ -43,9 +41,7 @@ def pct(value: float | None) -> str:
 
 
 def secs(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return "-" if value is None else f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def tokens(value: float | None) -> str:
@@ -73,8 +69,7 @@ def timeline(data: ReportData) -> list[Event]:
         events.append(Event(cross.first_drop, f"{prefix} the {data.threshold:.0%} threshold "
                                               f"({pct(value)})"))
     for alert in data.alerts:
-        where = alert.labels.get("target")
-        scope = f" on {where}" if where else ""
+        scope = f" on {where}" if (where := alert.labels.get("target")) else ""
         pending = (f", pending since {when(alert.active_since)}"
                    if alert.active_since and alert.active_since < alert.interval.start else "")
         events.append(Event(alert.interval.start, f"{alert.name} ({alert.severity}) "
