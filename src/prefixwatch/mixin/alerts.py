@@ -97,10 +97,9 @@ class Alerts(Exprs):
     def below_threshold(self, series: str) -> str:
         """`series < threshold`, with per-model thresholds and opt-outs."""
         special = dict(self.cfg.models)
-        clauses = []
         excluded = promql_regex_literal(sorted(special))
         default = f'{series}{{{MODEL}!~"{excluded}"}}' if excluded else series
-        clauses.append(f"{default} < {self.cfg.hit_ratio_threshold:g}")
+        clauses = [f"{default} < {self.cfg.hit_ratio_threshold:g}"]
         for model, override in sorted(special.items()):
             if override.disabled:
                 continue

@@ -80,14 +80,10 @@ class Cases(TierCases):
             keep = round(vanish_after * 60 / STEP) + 1
             qs, hs, xs = qs[:keep], hs[:keep], xs[:keep]
         labels = self.base_labels(target)
-        out = []
-        for metric, extra, values in self.tier_series(phases, qs, hs, xs):
-            text = compress(values)
-            if vanish_after is not None:
-                text += " stale"
-            out.append({"series": self.series_name(metric, {**labels, **extra}),
-                         "values": text})
-        return out
+        stale = " stale" if vanish_after is not None else ""
+        return [{"series": self.series_name(metric, {**labels, **extra}),
+                 "values": compress(values) + stale}
+                for metric, extra, values in self.tier_series(phases, qs, hs, xs)]
 
     def tier_series(self, phases: Sequence[Phase], qs: list[float], hs: list[float],
                     xs: list[float]) -> list[tuple[str, dict[str, str], list[float]]]:

@@ -53,13 +53,11 @@ class Panels(PanelBase):
 
     def ttft_now(self, w: int = 6, h: int = 5) -> None:
         quantiles = (("0.5", "50", "A"), ("0.95", "95", "B"))
-        assert self.s.ttft
-        if self.one:
-            targets = [self.target(self.quantile(q, self.s.ttft),
-                                   f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
-        else:
-            targets = [self.target(self.recorded(R_TTFT, f'quantile="{q}"'),
-                                   f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
+        ttft = self.s.ttft
+        assert ttft
+        targets = [self.target(self.quantile(q, ttft) if self.one
+                               else self.recorded(R_TTFT, f'quantile="{q}"'),
+                               f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
         self.add(g.Stat(
             title="TTFT p50 / p95 (5m)",
             description="Time to first token. When the hit rate falls, TTFT rises: prompts "
