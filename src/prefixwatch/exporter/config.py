@@ -135,13 +135,11 @@ def default_target_name(url: str) -> str:
 
 
 def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
-    """Give each target its label: its own name, host:port, or the URL when host:port repeats."""
+    """Give each target its label: its own name, host:port, or the URL (its display form,
+    never a credential) when host:port repeats."""
     names = [t.name or default_target_name(t.url) for t in targets]
-    named: list[TargetConfig] = []
-    for target, name in zip(targets, names, strict=True):
-        if not target.name and names.count(name) > 1:
-            name = target.display_url  # never the credential in the URL
-        named.append(replace(target, name=name))
+    named = [replace(t, name=t.display_url if not t.name and names.count(n) > 1 else n)
+             for t, n in zip(targets, names, strict=True)]
     labels = [t.name for t in named]
     duplicates = sorted({n for n in labels if labels.count(n) > 1})
     if duplicates:

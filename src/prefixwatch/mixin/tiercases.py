@@ -84,12 +84,12 @@ class TierCases:
         # 19. The offload connector drops 30% of its stores (host pool full): OffloadFailures.
         t = self.src.tiers
         if t is not None and t.offload_outcomes:
-            outcomes = []
-            for outcome, per_step in ((t.offload_stored, 70), (t.offload_failed[0].split("|")[0],
-                                                               30)):
-                labels = {**self.base_labels("vllm-0:8000"), t.offload_label: outcome}
-                outcomes.append({"series": self.series_name(t.offload_outcomes, labels),
-                                 "values": f"0+{per_step}x240"})
+            labels = self.base_labels("vllm-0:8000")
+            outcomes = [{"series": self.series_name(t.offload_outcomes,
+                                                    {**labels, t.offload_label: outcome}),
+                         "values": f"0+{per_step}x240"}
+                        for outcome, per_step in ((t.offload_stored, 70),
+                                                  (t.offload_failed[0].split("|")[0], 30))]
             case(self.traffic([Phase(60, busy, 0.5, host=0.3)]) + outcomes, [
                 self.at(ALERT_OFFLOAD_FAILURES, 10, []),
                 self.at(ALERT_OFFLOAD_FAILURES, 40, [self.expect(
