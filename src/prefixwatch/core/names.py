@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# --------------------------------------------------------------------------------------------
-# Defaults
-# --------------------------------------------------------------------------------------------
-
+# -- Defaults
 #: Port of the exporter's own /metrics. Chosen outside the exporter range that Prometheus'
 #: default-port-allocations wiki hands out to other exporters (see docs/configuration.md).
 DEFAULT_PORT = 10089
@@ -42,10 +39,7 @@ DEFAULT_HIT_RATIO_THRESHOLD = 0.70
 ENV_TARGETS = "PREFIXWATCH_TARGETS"
 ENV_CONFIG = "PREFIXWATCH_CONFIG"
 
-# --------------------------------------------------------------------------------------------
-# What prefixwatch exposes (no colons: colons are reserved for recording rules)
-# --------------------------------------------------------------------------------------------
-
+# -- What prefixwatch exposes (no colons: colons are reserved for recording rules)
 # Label names of our own series.
 L_TARGET = "target"
 L_MODEL = "model_name"

@@ -21,9 +21,6 @@ ALERT_OFFLOAD_FAILURES = "PrefixCacheOffloadFailures"
 # computed, measured rather than replayed.
 ALERT_KV_EVICTION = "PrefixCacheEvictionOfReusedContent"
 ALERT_KV_ROUTING = "PrefixCacheRoutingWaste"
-ALERTS = (ALERT_LOW, ALERT_REGRESSION, ALERT_OUTLIER, ALERT_EVICTION, ALERT_ABSENT,
-          ALERT_TIER_IDLE, ALERT_DEVICE_SHARE, ALERT_OFFLOAD_FAILURES, ALERT_KV_EVICTION,
-          ALERT_KV_ROUTING, ALERT_WATCHDOG)
 #: Matches every prefix-cache alert (not the Watchdog), for ALERTS{alertname=~...} queries.
 ALERT_PATTERN = "PrefixCache.*"
 #: The hit-rate alerts that a missing-metrics alert inhibits.

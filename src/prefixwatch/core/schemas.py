@@ -6,10 +6,6 @@ from dataclasses import dataclass
 
 from prefixwatch.core import families, tiers
 
-# --------------------------------------------------------------------------------------------
-# What prefixwatch reads: one schema per engine generation
-# --------------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class SourceSchema:
@@ -48,9 +44,7 @@ class SourceSchema:
         names |= set(self.roles("gauge").values())
         for h in self.roles("histogram").values():
             names |= {h + "_bucket", h + "_sum", h + "_count"}
-        for extra in (self.cache_config_info, self.realtime_tokens, self.detect):
-            if extra:
-                names.add(extra)
+        names |= {n for n in (self.cache_config_info, self.realtime_tokens, self.detect) if n}
         return frozenset(names)
 
 
@@ -102,11 +96,6 @@ CACHE_INFO_ENABLED = "enable_prefix_caching"
 CACHE_INFO_NUM_GPU_BLOCKS = "num_gpu_blocks"
 
 
-# --------------------------------------------------------------------------------------------
-# Cache tiers: the families that say which tier served a cached token
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class TierSchema:
     """What an engine exposes about its second (and further) cache tiers, by role.
@@ -133,10 +122,7 @@ class TierSchema:
                                 self.fallback_device, self.fallback_unknown, self.ext_queries,
                                 *self.tier_counters) if n]
         names = set(counters) | {c.removesuffix("_total") + "_created" for c in counters}
-        names |= set(self.tier_gauges)
-        if self.info:
-            names.add(self.info)
-        return frozenset(names)
+        return frozenset(names | set(self.tier_gauges) | ({self.info} if self.info else set()))
 
 
 VLLM_TIERS = TierSchema(

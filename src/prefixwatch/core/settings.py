@@ -120,9 +120,7 @@ def diagnosis_from(config: Mapping[str, Any], where: str) -> DiagnosisSettings:
     """The diagnosis settings of a config file's top level (``hit_ratio_threshold``,
     ``hit_ratio``, ``cold_start``, ``diagnosis:``); keys of ``diagnosis:`` win over the
     top-level ones."""
-    section = config.get(DIAGNOSIS_KEY)
-    if section is None:
-        section = {}
+    section = {} if (given := config.get(DIAGNOSIS_KEY)) is None else given
     if not isinstance(section, Mapping):
         raise ConfigError(f"{where}: diagnosis must be a mapping")
     unknown = sorted(set(section) - DIAGNOSIS_KEYS)

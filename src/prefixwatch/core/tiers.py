@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from prefixwatch.core import families
+from prefixwatch.core.windows import ratio
 
 TIER_DEVICE = "device"
 TIER_HOST = "host"
@@ -27,10 +28,7 @@ TIER_UNKNOWN = "unknown"
 #: Every tier, in the order a dashboard stacks them (fastest first).
 TIERS: tuple[str, ...] = (TIER_DEVICE, TIER_HOST, TIER_DISK, TIER_REMOTE, TIER_UNKNOWN)
 
-# --------------------------------------------------------------------------------------------
-# vLLM 0.33 (V1 engine)
-# --------------------------------------------------------------------------------------------
-
+# -- vLLM 0.33 (V1 engine)
 #: Cached prompt tokens by the tier that supplied them; sums to device + external hits.
 VLLM_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 #: Every prompt token by where its KV came from: computed here, local cache, KV connector.
@@ -63,10 +61,7 @@ VLLM_OFFLOAD_OUTCOMES_SKIPPED: tuple[str, ...] = ("skipped_already_cached", "ski
 VLLM_OFFLOAD_OUTCOMES_FAILED: tuple[str, ...] = ("dropped_cpu_full", "dropped_request_gone",
                                                  "dropped_null_block", "dropped_not_hashed")
 
-# --------------------------------------------------------------------------------------------
-# SGLang (python/sglang/srt/observability/metrics_collector.py)
-# --------------------------------------------------------------------------------------------
-
+# -- SGLang (python/sglang/srt/observability/metrics_collector.py)
 #: SGLang counts every tier in its cached-tokens counter (the hits role), split by source.
 SGLANG_CACHED_BY_SOURCE = families.read("hits", families.SGLANG)
 SGLANG_SOURCE_LABEL = "cache_source"
@@ -136,7 +131,5 @@ def vllm_fallback_tiers(device_hits: float, external_hits: float | None) -> dict
 
 
 def effective_ratio(tiers: Mapping[str, float], prompt_tokens: float) -> float | None:
-    """Share of prompt tokens served from any tier; None without prompt tokens."""
-    if prompt_tokens <= 0:
-        return None
-    return min(sum(tiers.values()) / prompt_tokens, 1.0)
+    """Share of prompt tokens served from any tier (core/windows.ratio); None without any."""
+    return ratio(sum(tiers.values()), prompt_tokens)

@@ -41,10 +41,6 @@ class Layout:
     counters: tuple[str, ...]
     histograms: tuple[tuple[str, tuple[float, ...]], ...]  # role, bounds
 
-    @property
-    def size(self) -> int:
-        return len(self.counters) + sum(len(b) + 2 for _, b in self.histograms)
-
     def offset_of(self, role: str) -> int:
         return self.counters.index(role)
 
@@ -146,8 +142,6 @@ class SeriesHistory:
         """Distinct points held (tiers share the vectors they have in common)."""
         return len({id(v) for tier in self._tiers for v in tier.values})
 
-    # -- read-only access (the landing page's charts read history without touching the tiers) --
-
     def tier_plan(self) -> tuple[tuple[float, float], ...]:
         """(resolution, span) of each tier, finest first."""
         return tuple((tier.resolution, tier.span) for tier in self._tiers)
@@ -162,16 +156,8 @@ class SeriesHistory:
         """The ``picks`` components of the tier's newest point at or before each time (NaN
         before its first point): copies, so a reader cannot change the history."""
         held = self._tiers[tier]
-        nan = [math.nan] * len(picks)
-        out = []
-        for when in times:
-            i = bisect.bisect_right(held.times, when) - 1
-            if i < 0:
-                out.append(list(nan))
-            else:
-                vec = held.values[i]
-                out.append([vec[p] for p in picks])
-        return out
+        return [[math.nan] * len(picks) if (i := bisect.bisect_right(held.times, when) - 1) < 0
+                else [held.values[i][p] for p in picks] for when in times]
 
     def delta(self, now: float, window: float) -> tuple[float, array] | None:
         """(seconds covered, adjusted delta vector) over the window ending at the last poll.
@@ -226,6 +212,7 @@ def ratio(hits: float, queries: float) -> float | None:
 
 
 def sum_vectors(vectors: Iterable[Sequence[float]]) -> array | None:
+    """The element-wise sum of equal-length vectors; None without any."""
     total: array | None = None
     for vec in vectors:
         if total is None:

@@ -22,10 +22,6 @@ BINS = 48
 Bounds = tuple[float, ...]
 
 
-def _zeros() -> np.ndarray:
-    return np.zeros((BINS, 2))
-
-
 @dataclass
 class Binned:
     """Per bin: query and hit deltas, then the TTFT buckets' deltas (cumulative, as the
@@ -33,20 +29,12 @@ class Binned:
 
     start: float
     end: float
-    rows: np.ndarray = field(default_factory=_zeros)
+    rows: np.ndarray = field(default_factory=lambda: np.zeros((BINS, 2)))
     ttft_bounds: Bounds | None = None
 
     @property
     def queries(self) -> np.ndarray:
         return self.rows[:, 0]
-
-    @property
-    def hits(self) -> np.ndarray:
-        return self.rows[:, 1]
-
-    @property
-    def ttft(self) -> np.ndarray | None:
-        return self.rows[:, 2:] if self.ttft_bounds is not None else None
 
     def add(self, other: Binned) -> None:
         self.rows, self.ttft_bounds = combine(self.rows, self.ttft_bounds, other.rows,
@@ -83,9 +71,6 @@ def median(bounds: Bounds, row: Sequence[float]) -> float | None:
 def bin_ratio(row: Sequence[float]) -> float | None:
     """Hits over queries of one row (core/windows.py: clamped, None without queries)."""
     return ratio(row[1], row[0])
-
-
-# -- the grid -----------------------------------------------------------------------------------
 
 
 def choose_width(plan: Sequence[tuple[float, float]], age: float) -> float:

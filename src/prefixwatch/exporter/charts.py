@@ -34,15 +34,9 @@ from prefixwatch.exporter.chartbins import (
 )
 
 WIDTH, HEIGHT, PAD = 360, 84, 4
-
-
-# -- drawing ------------------------------------------------------------------------------------
-
 #: Polyline coordinates are integers in tenths of a pixel (cheap to format), scaled back.
 SCALE = 10
 _XS = [f"{round((PAD + i * (WIDTH - 2 * PAD) / (BINS - 1)) * SCALE)}," for i in range(BINS)]
-
-
 _BASE = (HEIGHT - PAD) * SCALE
 
 
@@ -120,27 +114,21 @@ class Chart:
                  'stroke="#ddd"/>'
                  f'<line x1="{PAD}" x2="{WIDTH - PAD}" y1="{y_thr:.1f}" y2="{y_thr:.1f}" '
                  'stroke="#d62728" stroke-dasharray="5 3" stroke-width="1"/>']
+        line = '<polyline points="{}" fill="none" stroke="{}" stroke-width="{}" ' \
+               'transform="scale(0.1)"/>'
         if self.peak:
-            for run in self.p50_runs:
-                parts.append(f'<polyline points="{run}" fill="none" stroke="#f16913" '
-                             'stroke-width="12" transform="scale(0.1)"/>')
+            parts += [line.format(run, "#f16913", 12) for run in self.p50_runs]
             peak = self.peak
             label = f"{peak * 1000:.0f} ms" if peak < 1 else f"{peak:.1f} s"
             parts.append(f'<text x="{WIDTH - PAD - 2}" y="12" text-anchor="end" '
                          f'class="ttft">TTFT p50 peak {label}</text>')
-        for run in self.ratio_runs:
-            parts.append(f'<polyline points="{run}" fill="none" stroke="#08519c" '
-                         'stroke-width="20" transform="scale(0.1)"/>')
-        parts.append("</svg>")
-        return "".join(parts)
+        parts += [line.format(run, "#08519c", 20) for run in self.ratio_runs]
+        return "".join(parts) + "</svg>"
 
 
 def svg_chart(binned: Binned, threshold: float, title: str) -> str:
     """One chart, drawn from scratch."""
     return Chart.of(binned).svg(threshold, title)
-
-
-# -- the cache ----------------------------------------------------------------------------------
 
 
 class _Cached:

@@ -56,15 +56,20 @@ class DiagnosisState:
             self.kinds = kinds
 
 
+_FAMILY_KINDS = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily,
+                 "info": InfoMetricFamily}
+
+
 def _family(metric: OutMetric) -> Metric:
-    names = list(metric.labels)
-    if metric.kind == "counter":
-        return CounterMetricFamily(metric.name, metric.help, labels=names)
-    if metric.kind == "histogram":
-        return HistogramMetricFamily(metric.name, metric.help, labels=names)
-    if metric.kind == "info":
-        return InfoMetricFamily(metric.name, metric.help, labels=names)
-    return GaugeMetricFamily(metric.name, metric.help, labels=names)
+    kind = _FAMILY_KINDS.get(metric.kind, GaugeMetricFamily)
+    return kind(metric.name, metric.help, labels=list(metric.labels))
+
+
+def _put(family: Callable[[OutMetric], Metric], metric: OutMetric, labels: list[str],
+         value: float | None) -> None:
+    """One sample, unless its value is undefined (a ratio without traffic is absent)."""
+    if value is not None:
+        family(metric).add_metric(labels, value)
 
 
 def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
@@ -129,10 +134,9 @@ class PrefixwatchCollector(Collector):
                 self._collect_target(mon, family, fleet)
         for (model, window), figures in sorted(fleet.items()):
             total = WindowFigures.summed(figures)
-            for metric, value in ((names.OUT_FLEET_HIT_RATIO, total.hit_ratio),
-                                  (names.OUT_FLEET_EFFECTIVE_HIT_RATIO, total.effective_ratio)):
-                if value is not None:
-                    family(metric).add_metric([model, window], value)
+            _put(family, names.OUT_FLEET_HIT_RATIO, [model, window], total.hit_ratio)
+            _put(family, names.OUT_FLEET_EFFECTIVE_HIT_RATIO, [model, window],
+                 total.effective_ratio)
         if self.state is not None:
             self._collect_diagnosis(family)
         evented: set[str] = set()
@@ -156,9 +160,7 @@ class PrefixwatchCollector(Collector):
                     diag.add_metric([target, model, cause], 1.0 if held.get(cause) else 0.0)
             window = self.state.window
             for model, req in sorted(self.state.requests.items()):
-                value = req.achievable
-                if value is not None:
-                    family(names.OUT_ACHIEVABLE).add_metric([model, window], value)
+                _put(family, names.OUT_ACHIEVABLE, [model, window], req.achievable)
                 kinds = self.state.kinds.get(model, Counter())
                 per_kind = family(names.OUT_DIVERGENCE_KIND)
                 for kind in names.DIVERGENCE_KINDS:
@@ -243,29 +245,20 @@ class PrefixwatchCollector(Collector):
 
         for model, figures in sorted(mon.models.items()):
             base = [t, model, server]
-            lifetime = ratio(figures.lifetime_hits, figures.lifetime_queries)
-            if lifetime is not None:
-                family(names.OUT_HIT_RATIO).add_metric(
-                    base + [names.LIFETIME_WINDOW], lifetime)
-            if figures.lifetime_effective is not None:
-                family(names.OUT_EFFECTIVE_HIT_RATIO).add_metric(
-                    base + [names.LIFETIME_WINDOW], figures.lifetime_effective)
+            life = base + [names.LIFETIME_WINDOW]
+            _put(family, names.OUT_HIT_RATIO, life,
+                 ratio(figures.lifetime_hits, figures.lifetime_queries))
+            _put(family, names.OUT_EFFECTIVE_HIT_RATIO, life, figures.lifetime_effective)
             for window, wf in figures.windows.items():
-                value = wf.hit_ratio
-                if value is not None:
-                    family(names.OUT_HIT_RATIO).add_metric(base + [window], value)
-                if value is not None or wf.queries == 0:
+                _put(family, names.OUT_HIT_RATIO, base + [window], wf.hit_ratio)
+                if wf.hit_ratio is not None or wf.queries == 0:
                     fleet.setdefault((model, window), []).append(wf)
-                effective = wf.effective_ratio
-                if effective is not None:
-                    family(names.OUT_EFFECTIVE_HIT_RATIO).add_metric(base + [window], effective)
+                _put(family, names.OUT_EFFECTIVE_HIT_RATIO, base + [window], wf.effective_ratio)
                 if wf.seconds > 0 and not math.isnan(wf.hits):
                     family(names.OUT_CACHED_TOKENS_RATE).add_metric(
                         base + [window], wf.hits / wf.seconds)
                     family(names.OUT_QUERY_RATE).add_metric(
                         base + [window], wf.queries / wf.seconds)
                 for q in names.TTFT_QUANTILES:
-                    value = wf.ttft_quantile(q)
-                    if value is not None:
-                        family(names.OUT_TTFT_QUANTILE).add_metric(
-                            base + [window, floatToGoString(q)], value)
+                    _put(family, names.OUT_TTFT_QUANTILE, base + [window, floatToGoString(q)],
+                         wf.ttft_quantile(q))

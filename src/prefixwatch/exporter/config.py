@@ -135,13 +135,11 @@ def default_target_name(url: str) -> str:
 
 
 def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
-    """Give each target its label: its own name, host:port, or the URL when host:port repeats."""
+    """Give each target its label: its own name, host:port, or the URL (its display form,
+    never a credential) when host:port repeats."""
     names = [t.name or default_target_name(t.url) for t in targets]
-    named: list[TargetConfig] = []
-    for target, name in zip(targets, names, strict=True):
-        if not target.name and names.count(name) > 1:
-            name = target.display_url  # never the credential in the URL
-        named.append(replace(target, name=name))
+    named = [replace(t, name=t.display_url if not t.name and names.count(n) > 1 else n)
+             for t, n in zip(targets, names, strict=True)]
     labels = [t.name for t in named]
     duplicates = sorted({n for n in labels if labels.count(n) > 1})
     if duplicates:
@@ -195,10 +193,8 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
             **{k: int(merged[k]) for k in _LIMIT_KEYS if merged.get(k) is not None},
-            kv_events=validate_zmq_endpoint(entry["kv_events"], where)
-            if entry.get("kv_events") else None,
-            kv_events_replay=validate_zmq_endpoint(entry["kv_events_replay"], where)
-            if entry.get("kv_events_replay") else None,
+            **{k: validate_zmq_endpoint(entry[k], where) for k in ("kv_events", "kv_events_replay")
+               if entry.get(k)},
             kv_events_topic=str(entry.get("kv_events_topic") or ""),
         )
     except (TypeError, ValueError) as exc:
@@ -256,17 +252,13 @@ def build_config(
     cf = load_file(config_file)
     data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
-    for key, value in (("timeout", timeout), ("bearer_token_file", bearer_token_file),
-                       ("ca_file", ca_file), ("max_body_bytes", max_body_bytes)):
-        if value is not None:
-            defaults[key] = value
-    if insecure_skip_verify:
-        defaults["tls_verify"] = False
-    for key, value in (limits or {}).items():
-        if key not in _LIMIT_KEYS:
-            raise ConfigError(f"unknown limit {key!r}")
-        if value is not None:
-            defaults[key] = value
+    unknown_limits = sorted(set(limits or {}) - set(_LIMIT_KEYS))
+    if unknown_limits:
+        raise ConfigError(f"unknown limit {unknown_limits[0]!r}")
+    flags = {"timeout": timeout, "bearer_token_file": bearer_token_file, "ca_file": ca_file,
+             "max_body_bytes": max_body_bytes, "tls_verify": False if insecure_skip_verify
+             else None, **(limits or {})}
+    defaults.update({k: v for k, v in flags.items() if v is not None})
 
     if targets:
         places = ["--target"] * len(targets)

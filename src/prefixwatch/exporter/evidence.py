@@ -22,11 +22,12 @@ from prefixwatch.exporter.pagereader import TIER_CONFIGURED, TIER_ROLES, TIER_ST
 
 def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
     """What the diagnosis needs of each model on one target (call with ``mon.lock`` held)."""
-    by_model: dict[str, list[SeriesState]] = {}
-    for (model, _engine), state in mon.series.items():
-        by_model.setdefault(model, []).append(state)
+    by_model: dict[str, dict[tuple[str, str], SeriesState]] = {}
+    for key, state in mon.series.items():
+        by_model.setdefault(key[0], {})[key] = state
     out: dict[str, TargetEvidence] = {}
-    for model, states in by_model.items():
+    for model, keyed in by_model.items():
+        states = list(keyed.values())
         ev = TargetEvidence()
         enabled = [s.values.caching_enabled for s in states if s.values.caching_enabled is not None]
         ev.caching_enabled = all(enabled) if enabled else None
@@ -34,15 +35,9 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
         ev.block_size = sizes.pop() if len(sizes) == 1 else None
         # The engine's own start time (the counters' _created) where it says it; else the
         # time the exporter saw its counters reset.
-        starts = []
-        for key, state in mon.series.items():
-            if key[0] != model:
-                continue
-            created = state.values.created.get("queries")
-            start = created if created is not None else mon._last_reset.get(key)
-            if start is not None:
-                starts.append(start)
-        last_start = max(starts, default=None)
+        starts = [created if (created := s.values.created.get("queries")) is not None
+                  else mon._last_reset.get(key) for key, s in keyed.items()]
+        last_start = max((s for s in starts if s is not None), default=None)
         if last_start is not None:
             ev.seconds_since_start = now - last_start
         current = summed_delta(states, now, window)

@@ -16,7 +16,6 @@ from prefixwatch.core import settings
 from prefixwatch.core.ledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
-from prefixwatch.core.windows import SeriesHistory
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.evidence import served_tokens
@@ -41,17 +40,17 @@ def render_landing(exporter: Exporter) -> str:
                 f"limit reached: {mon.limit_note} (docs/configuration.md#limits)"
                 if mon.limit_note else "")
             ratios = ", ".join(
-                f"{m}: {f.windows[window].hit_ratio:.1%} ({window})"
-                + _effective_note(f.windows[window].effective_ratio)
+                f"{m}: {wf.hit_ratio:.1%} ({window})"
+                + ("" if wf.effective_ratio is None else f", effective {wf.effective_ratio:.1%}")
                 for m, f in sorted(mon.models.items())
-                if window in f.windows and f.windows[window].hit_ratio is not None)
+                if (wf := f.windows.get(window or "")) is not None and wf.hit_ratio is not None)
         with exporter.state.lock:
             causes = "; ".join(
                 f"{model}: {', '.join(exporter.state.diagnosis.active(mon.name, model)) or '-'}"
                 for (target, model) in sorted(exporter.state.diagnosis.causes)
                 if target == mon.name) if mon.up else ""
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
-            mon.name, mon.target.display_url, state, schema, ratios, causes, error)) + "</tr>")
+        rows.append(_row((mon.name, mon.target.display_url, state, schema, ratios, causes,
+                          error)))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
         "<meta http-equiv='refresh' content='15'>"
@@ -69,9 +68,16 @@ def render_landing(exporter: Exporter) -> str:
         + "</body></html>")
 
 
-def _effective_note(value: float | None) -> str:
-    """The effective ratio next to the device one (every tier, not the device pool alone)."""
-    return "" if value is None else f", effective {value:.1%}"
+def _row(cells) -> str:
+    return "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
+
+
+def _table(cls: str, head, rows: list[str]) -> str:
+    """A table of ``rows`` under a header row of ``head``; empty without rows."""
+    if not rows:
+        return ""
+    return (f"<table class='{cls}'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join(rows) + "</table>")
 
 
 def tier_section(exporter: Exporter, window: str | None) -> str:
@@ -91,14 +97,10 @@ def tier_section(exporter: Exporter, window: str | None) -> str:
                 effective = wf.effective_ratio if wf is not None else None
                 cells = [mon.name, model, *(f"{shares[t]:.1%}" for t in tier_names),
                          "-" if effective is None else f"{effective:.1%}"]
-                rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
-                            + "</tr>")
-    if not rows:
-        return ""
-    head = "".join(f"<th>{h}</th>" for h in ("target", "model", *tier_names, "effective"))
-    return (f"<h2>Prompt tokens by cache tier ({html.escape(str(window))}, "
-            "docs/tiers.md)</h2><table class='tiers'><tr>" + head + "</tr>"
-            + "".join(rows) + "</table>")
+                rows.append(_row(cells))
+    table = _table("tiers", ("target", "model", *tier_names, "effective"), rows)
+    return table and (f"<h2>Prompt tokens by cache tier ({html.escape(str(window))}, "
+                      "docs/tiers.md)</h2>" + table)
 
 
 def ledger_section(exporter: Exporter, window: str | None) -> str:
@@ -128,19 +130,14 @@ def kv_section(exporter: Exporter) -> str:
     for source in exporter.kv.all_sources():
         up, lost, errors, snap = source.read()
         refused = ", ".join(f"{r} {n}" for r, n in sorted(errors.items()) if n) or "-"
-        resident = ", ".join(f"{m} {n:,}" for m, n in sorted(snap.resident.items())) if snap \
-            else "-"
-        stored = ", ".join(f"{m} {n:,}" for m, n in sorted(snap.stored.items())) if snap \
-            else "-"
+        stored, resident = ((", ".join(f"{m} {n:,}" for m, n in sorted(c.items()))
+                             for c in (snap.stored, snap.resident)) if snap else ("-", "-"))
         cells = (source.target, "up" if up else "down", f"{source.messages:,}", stored,
                  resident, f"{lost:,}", refused)
-        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    if not rows:
-        return ""
-    head = "".join(f"<th>{h}</th>" for h in ("target", "stream", "messages", "blocks stored",
-                                             "resident", "lost", "not used (reason count)"))
-    return ("<h2>KV event streams (README: KV events)</h2><table class='kv'><tr>" + head
-            + "</tr>" + "".join(rows) + "</table>")
+        rows.append(_row(cells))
+    table = _table("kv", ("target", "stream", "messages", "blocks stored", "resident", "lost",
+                          "not used (reason count)"), rows)
+    return table and "<h2>KV event streams (README: KV events)</h2>" + table
 
 
 def event_ledger_section(exporter: Exporter, window: str | None) -> str:
@@ -167,8 +164,6 @@ def event_ledger_section(exporter: Exporter, window: str | None) -> str:
     return "".join(out)
 
 
-# -- the charts of each model: the fleet, then each target, with its diagnosis -------------
-
 _CACHES: weakref.WeakKeyDictionary[Exporter, ChartCache] = weakref.WeakKeyDictionary()
 _CACHES_LOCK = threading.Lock()
 
@@ -187,15 +182,8 @@ def _cache_of(exporter: Exporter) -> ChartCache:
         return cache
 
 
-# -- the section --------------------------------------------------------------------------------
-
-
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
-
-
-def _pct(value: float | None) -> str:
-    return "no traffic" if value is None else f"{value:.1%}"
 
 
 def charts_section(exporter: Exporter, now: float, cached: bool = True) -> str:
@@ -231,10 +219,9 @@ def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache
         with mon.lock:
             if not mon.up:
                 continue
-            by_model: dict[str, list[SeriesHistory]] = {}
-            for (model, _engine), state in mon.series.items():
-                if state.history is not None:
-                    by_model.setdefault(model, []).append(state.history)
+            by_model = {m: [s.history for s in states if s.history is not None]
+                        for m, states in mon.by_model().items()}
+            by_model = {m: h for m, h in by_model.items() if h}
             if cache is None:
                 charts = {m: Chart.of(bin_history(h, latest, width, _served(exporter)))
                           for m, h in by_model.items()}
@@ -280,7 +267,8 @@ def _card(target: str, model: str, chart: Chart, threshold: float, causes: list[
     diagnosis = ", ".join(causes) if causes else "no cause holds"
     return (f'<div class="card{" fleet" if fleet else ""}"><div class="head">'
             f"<b>{esc(target)}</b> &middot; {esc(model)} &middot; "
-            f'<span class="{"low" if low else "ok"}">{_pct(now)}</span></div>'
+            f'<span class="{"low" if low else "ok"}">'
+            f'{"no traffic" if now is None else f"{now:.1%}"}</span></div>'
             f"{chart.svg(threshold, title)}"
             f'<div class="diag">diagnosis: {esc(diagnosis)}</div></div>')
 

@@ -291,11 +291,17 @@ class TargetMonitor:
         if self._gauge_span:
             self._record_gauges(now)
 
-    def _record_gauges(self, now: float) -> None:
-        by_model: dict[str, list[SeriesValues]] = {}
+    def by_model(self) -> dict[str, list[SeriesState]]:
+        """Each model's series (one per engine)."""
+        out: dict[str, list[SeriesState]] = {}
         for (model, _engine), state in self.series.items():
-            by_model.setdefault(model, []).append(state.values)
-        for model, values in by_model.items():
+            out.setdefault(model, []).append(state)
+        return out
+
+    def _record_gauges(self, now: float) -> None:
+        by_model = self.by_model()
+        for model, states in by_model.items():
+            values = [s.values for s in states]
             usage = [v.gauges["kv_usage"] for v in values if "kv_usage" in v.gauges]
             waiting = [v.gauges["waiting"] for v in values if "waiting" in v.gauges]
             ring = self._gauges.setdefault(model, deque())
@@ -307,18 +313,14 @@ class TargetMonitor:
             del self._gauges[model]
 
     def _derive(self, now: float) -> dict[str, ModelFigures]:
-        by_model: dict[str, list[SeriesState]] = {}
-        for (model, _engine), state in self.series.items():
-            by_model.setdefault(model, []).append(state)
         out: dict[str, ModelFigures] = {}
-        for model, states in by_model.items():
+        for model, states in self.by_model().items():
             figures = ModelFigures(model)
-            queries = [s.values.counters.get("queries") for s in states]
-            hits = [s.values.counters.get("hits") for s in states]
-            if all(q is not None for q in queries) and all(h is not None for h in hits):
-                figures.lifetime_queries = sum(q for q in queries if q is not None)
-                figures.lifetime_hits = sum(h for h in hits if h is not None)
-                figures.lifetime_tiers = tier_sum([s.values.counters for s in states])
+            counters = [s.values.counters for s in states]
+            if all("queries" in c and "hits" in c for c in counters):
+                figures.lifetime_queries = sum(c["queries"] for c in counters)
+                figures.lifetime_hits = sum(c["hits"] for c in counters)
+                figures.lifetime_tiers = tier_sum(counters)
             for window, seconds in self.windows.items():
                 wf = window_figures(states, now, seconds)
                 if wf is not None:

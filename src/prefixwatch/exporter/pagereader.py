@@ -71,9 +71,7 @@ class SeriesValues:
     @property
     def caching_enabled(self) -> bool | None:
         value = self.cache_info.get(schemas.CACHE_INFO_ENABLED)
-        if value is None:
-            return None
-        return value.strip().lower() in ("true", "1")
+        return None if value is None else value.strip().lower() in ("true", "1")
 
 
 @dataclass
@@ -87,12 +85,9 @@ class Snapshot:
 
 
 def _family_names(sample_names: frozenset[str]) -> frozenset[str]:
-    names = set(sample_names)
-    for n in sample_names:
-        for suffix in ("_bucket", "_sum", "_count"):
-            if n.endswith(suffix):
-                names.add(n.removesuffix(suffix))
-    return frozenset(names)
+    """The sample names and the histogram families they belong to."""
+    return sample_names | {n.removesuffix(s) for n in sample_names
+                           for s in ("_bucket", "_sum", "_count") if n.endswith(s)}
 
 
 def _tier_schema(schema: SourceSchema) -> TierSchema | None:
@@ -168,11 +163,7 @@ def _series_key(schema: SourceSchema, labels: dict[str, str]) -> SeriesKey | Non
     for rank in schema.rank_labels:
         if labels.get(rank, "0") != "0":
             return None  # the same counter, repeated by another rank
-    engine = "0"
-    for name in schema.engine_labels:
-        if name in labels:
-            engine = labels[name]
-            break
+    engine = next((labels[n] for n in schema.engine_labels if n in labels), "0")
     return labels.get(names.L_MODEL, ""), engine
 
 

@@ -71,7 +71,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
             continue
         schema = mon.snapshot.schema
         for model, figures in sorted(mon.models.items()):
-            states = [s for (m, _e), s in mon.series.items() if m == model]
+            states = mon.by_model().get(model, [])
             wf = figures.windows.get("gap")
             kv = [s.values.gauges["kv_usage"] for s in states if "kv_usage" in s.values.gauges]
             blocks = [s.values.block_size for s in states if s.values.block_size]

@@ -97,10 +97,9 @@ class Alerts(Exprs):
     def below_threshold(self, series: str) -> str:
         """`series < threshold`, with per-model thresholds and opt-outs."""
         special = dict(self.cfg.models)
-        clauses = []
         excluded = promql_regex_literal(sorted(special))
         default = f'{series}{{{MODEL}!~"{excluded}"}}' if excluded else series
-        clauses.append(f"{default} < {self.cfg.hit_ratio_threshold:g}")
+        clauses = [f"{default} < {self.cfg.hit_ratio_threshold:g}"]
         for model, override in sorted(special.items()):
             if override.disabled:
                 continue
@@ -250,13 +249,10 @@ class Alerts(Exprs):
                               "No prefix-cache series (or the target is down), so the hit-rate "
                               "alerts cannot fire. Check the exporter and the vLLM /metrics "
                               "endpoint."))
-        out.append({"alert": ALERT_WATCHDOG, "expr": "vector(1)",
-                    "labels": {"severity": "none"},
-                    "annotations": {
-                        "summary": "Always firing: proves the alerting pipeline works.",
-                        "description": "A dead man's switch. If its notifications stop, "
-                                       "Prometheus or Alertmanager is broken.",
-                        "runbook_url": cfg.runbook(ALERT_WATCHDOG)}})
+        out.append(self.alert(ALERT_WATCHDOG, "vector(1)", None, "none",
+                              "Always firing: proves the alerting pipeline works.",
+                              "A dead man's switch. If its notifications stop, Prometheus or "
+                              "Alertmanager is broken."))
         return out
 
     def tier_alerts(self) -> list[dict[str, Any]]:

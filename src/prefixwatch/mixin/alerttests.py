@@ -42,6 +42,7 @@ from prefixwatch.mixin.promtoolinput import (
     compress,
     counters,
     render_annotation,
+    sample,
 )
 from prefixwatch.mixin.rules import Builder
 from prefixwatch.mixin.sources import EXPORTER_JOB
@@ -79,14 +80,10 @@ class Cases(TierCases):
             keep = round(vanish_after * 60 / STEP) + 1
             qs, hs, xs = qs[:keep], hs[:keep], xs[:keep]
         labels = self.base_labels(target)
-        out = []
-        for metric, extra, values in self.tier_series(phases, qs, hs, xs):
-            text = compress(values)
-            if vanish_after is not None:
-                text += " stale"
-            out.append({"series": self.series_name(metric, {**labels, **extra}),
-                         "values": text})
-        return out
+        stale = " stale" if vanish_after is not None else ""
+        return [{"series": self.series_name(metric, {**labels, **extra}),
+                 "values": compress(values) + stale}
+                for metric, extra, values in self.tier_series(phases, qs, hs, xs)]
 
     def tier_series(self, phases: Sequence[Phase], qs: list[float], hs: list[float],
                     xs: list[float]) -> list[tuple[str, dict[str, str], list[float]]]:
@@ -116,16 +113,11 @@ class Cases(TierCases):
                     out.append((metric, {}, misses))
         return out
 
-    def gauge(self, metric: str, value: float, minutes: float, target: str) -> dict[str, str]:
-        n = round(minutes * 60 / STEP)
+    def steady(self, metric: str, start: float, per_step: float, minutes: float,
+               target: str) -> dict[str, str]:
+        """A series of one replica from ``start``, growing ``per_step`` each step."""
         return {"series": self.series_name(metric, self.base_labels(target)),
-                "values": f"{value:g}+0x{n}"}
-
-    def counter_rate(self, metric: str, per_step: float, minutes: float,
-                     target: str) -> dict[str, str]:
-        n = round(minutes * 60 / STEP)
-        return {"series": self.series_name(metric, self.base_labels(target)),
-                "values": f"0+{per_step:g}x{n}"}
+                "values": f"{start:g}+{per_step:g}x{round(minutes * 60 / STEP)}"}
 
     # -- expectations --------------------------------------------------------------------------
 
@@ -158,9 +150,8 @@ class Cases(TierCases):
         by = ",".join((*self.extra, "model_name"))
         labels = ",".join(f'{k}="{v}"' for k, v in sorted({**self.extra,
                                                             "model_name": MODEL}.items()))
-        return [{"expr": f"round(sum by ({by}) ({R_LEDGER_SHARE}), 0.000001)", "eval_time": at,
-                 "exp_samples": [{"labels": f"{{{labels}}}", "value": 1}]}
-                for at in ("30m", "80m")]
+        return [sample(f"round(sum by ({by}) ({R_LEDGER_SHARE}), 0.000001)", at,
+                       f"{{{labels}}}", 1) for at in ("30m", "80m")]
 
     def expect(self, alertname: str, severity: str, labels: dict[str, str],
                value: float, causes: Sequence[str] = (),
@@ -184,6 +175,12 @@ class Cases(TierCases):
 
         annotations = {k: text(v) for k, v in rule["annotations"].items()}
         return {"exp_labels": {"severity": severity, **labels}, "exp_annotations": annotations}
+
+    @staticmethod
+    def fleet_sample(window: str, at: str, value: float) -> dict[str, Any]:
+        """The recorded fleet ratio over ``window`` at ``at`` is ``value``."""
+        return sample(r_ratio("model_name", window), at,
+                      f'{r_ratio("model_name", window)}{{model_name="{MODEL}"}}', value)
 
     @staticmethod
     def at(alertname: str, minutes: float, alerts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -231,9 +228,7 @@ class Cases(TierCases):
             self.at(low, paged, [self.expect(low, "critical", m, 0.03, ["prefix_divergence"],
                                              largest)]),
             self.at(regression, paged, []),
-        ], [{"expr": r_ratio("model_name", "5m"), "eval_time": "30m",
-             "exp_samples": [{"labels": f'{r_ratio("model_name", "5m")}{{model_name="{MODEL}"}}',
-                              "value": 0.89}]}] + self.ledger_sums(ledger))
+        ], [self.fleet_sample("5m", "30m", 0.89)] + self.ledger_sums(ledger))
         # 2. A slow drift, threshold+15% -> threshold-15% over two hours, crossing the threshold
         #    at 60m: fires within 30m. Two-minute steps, so the 1m window at 75m30s lies inside
         #    one step (74m-76m), and so does the one evaluation before (rule groups may run in
@@ -299,19 +294,17 @@ class Cases(TierCases):
             self.at(ALERT_OUTLIER, 45, [self.expect(
                 ALERT_OUTLIER, "warning", {**m, "target": "vllm-1:8000"}, lag,
                 ["eviction_pressure", "routing_spread"])]),
-        ], [{"expr": r_ratio("model_name", "15m"), "eval_time": "45m",
-             "exp_samples": [{"labels": f'{r_ratio("model_name", "15m")}{{model_name="{MODEL}"}}',
-                              "value": (0.9 + lag) / 2}]}])
+        ], [self.fleet_sample("15m", "45m", (0.9 + lag) / 2)])
         # 9. A full KV pool with preemptions (or a queue, on SGLang): eviction warning.
         if self.src.kv_usage:
             full = 0.98 if cfg.kv_usage_high < 0.98 else (1 + cfg.kv_usage_high) / 2
-            pressure = [self.gauge(self.src.kv_usage, full, 60, "vllm-0:8000")]
+            pressure = [self.steady(self.src.kv_usage, full, 0, 60, "vllm-0:8000")]
             if self.src.preemptions:
-                pressure.append(self.counter_rate(self.src.preemptions, 3, 60, "vllm-0:8000"))
+                pressure.append(self.steady(self.src.preemptions, 0, 3, 60, "vllm-0:8000"))
             else:
                 assert self.src.waiting
-                pressure.append(self.gauge(self.src.waiting, 4, 60, "vllm-0:8000"))
-            calm = [self.gauge(self.src.kv_usage, full, 60, "vllm-1:8000")]
+                pressure.append(self.steady(self.src.waiting, 4, 0, 60, "vllm-0:8000"))
+            calm = [self.steady(self.src.kv_usage, full, 0, 60, "vllm-1:8000")]
             case(self.traffic([Phase(60, busy, 0.5)]) + pressure + calm, [
                 self.at(ALERT_EVICTION, 5, []),
                 self.at(ALERT_EVICTION, 30, [self.expect(
@@ -344,18 +337,12 @@ class Cases(TierCases):
         # 13. Recording rules: the fleet ratio sums before dividing, the baseline is offset.
         busy = self.traffic([Phase(200, 3000, 0.9)], target="vllm-0:8000")
         quiet = self.traffic([Phase(200, 1000, 0.5)], target="vllm-1:8000")
+        replica = r_ratio("model_name_target", "5m")
         case(busy + quiet, [], [
-            {"expr": r_ratio("model_name", "1h"), "eval_time": "150m",
-             "exp_samples": [{"labels": f'{r_ratio("model_name", "1h")}{{model_name="{MODEL}"}}',
-                              "value": 0.8}]},
-            {"expr": cfg.baseline(), "eval_time": "190m",
-             "exp_samples": [{"labels": f'{cfg.baseline()}{{model_name="{MODEL}"}}',
-                              "value": 0.8}]},
-            {"expr": r_ratio("model_name_target", "5m") + '{target="vllm-1:8000"}',
-             "eval_time": "60m",
-             "exp_samples": [{"labels": f'{r_ratio("model_name_target", "5m")}'
-                                        f'{{model_name="{MODEL}",target="vllm-1:8000"}}',
-                              "value": 0.5}]},
+            self.fleet_sample("1h", "150m", 0.8),
+            sample(cfg.baseline(), "190m", f'{cfg.baseline()}{{model_name="{MODEL}"}}', 0.8),
+            sample(replica + '{target="vllm-1:8000"}', "60m",
+                   f'{replica}{{model_name="{MODEL}",target="vllm-1:8000"}}', 0.5),
         ])
         # 14. Capacity and cost: 1000 prompt tokens/s at a 50% hit ratio, where the requests
         #     log says 75% was achievable: 500 tokens/s saved (a share of 0.5), and 250 tokens/s
@@ -373,12 +360,11 @@ class Cases(TierCases):
                     "vllm-0:8000")), "values": values})
         achievable = {"series": self.series_name(OUT_ACHIEVABLE.name, {
             **EXPORTER_JOB, "model_name": MODEL, "window": "5m"}), "values": "0.75+0x120"}
-        exprs = [{"expr": f"round({R_MISSED}, 0.001)", "eval_time": "20m",  # float noise
-                  "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}', "value": 250}]}]
+        exprs = [sample(f"round({R_MISSED}, 0.001)", "20m",  # float noise
+                        f'{{model_name="{MODEL}"}}', 250)]
         if self.src.prompt_tokens and self.src.prompt_tokens_cached:
-            exprs.append({"expr": R_SAVED_SHARE, "eval_time": "20m",
-                          "exp_samples": [{"labels": f'{R_SAVED_SHARE}{{model_name="{MODEL}"}}',
-                                           "value": 0.5}]})
+            exprs.append(sample(R_SAVED_SHARE, "20m", f'{R_SAVED_SHARE}{{model_name="{MODEL}"}}',
+                                0.5))
         case(half + [achievable], [], exprs)
         self.tier_cases(case)
         kv_cases(self, case, Phase)

@@ -16,8 +16,7 @@ from grafanalib import core as g
 
 from prefixwatch.mixin import layout
 from prefixwatch.mixin.config import MixinConfig
-from prefixwatch.mixin.grafanajson import SCHEMA_VERSION, normalize, queries  # noqa: F401
-from prefixwatch.mixin.grafanajson import to_json as _to_json
+from prefixwatch.mixin.grafanajson import SCHEMA_VERSION, normalize, queries, to_json  # noqa: F401
 from prefixwatch.mixin.panelbase import DATASOURCE
 from prefixwatch.mixin.panels import Panels
 from prefixwatch.mixin.sources import SOURCES, Source, source  # noqa: F401
@@ -133,10 +132,6 @@ def all_dashboards(source_name: str = "exporter", cfg: MixinConfig | None = None
                    ) -> dict[str, g.Dashboard]:
     return {file_name("overview", source_name): overview(source_name, cfg),
             file_name("replica", source_name): replica(source_name, cfg)}
-
-
-def to_json(dashboard: g.Dashboard, datasource_uid: str | None = None) -> str:
-    return _to_json(dashboard, datasource_uid)
 
 
 def render_all(cfg: MixinConfig, sources: tuple[str, ...] = SOURCES,

@@ -78,6 +78,15 @@ class PanelBase:
         panel.dataSource = DATASOURCE
         self.placed.append(Placed(panel, w, h))
 
+    @staticmethod
+    def right_axis(match: str, unit: str, *props: tuple[str, Any], by: str = "byRegexp"
+                   ) -> list[dict[str, Any]]:
+        """The override that draws the series ``match`` names on a right axis in ``unit``."""
+        return [{"matcher": {"id": by, "options": match},
+                 "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                {"id": "unit", "value": unit},
+                                *({"id": k, "value": v} for k, v in props)]}]
+
     def hit_thresholds(self) -> list[g.Threshold]:
         return [g.Threshold("red", 0, 0.0), g.Threshold("green", 1, self.thr)]
 

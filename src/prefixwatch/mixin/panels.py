@@ -53,13 +53,11 @@ class Panels(PanelBase):
 
     def ttft_now(self, w: int = 6, h: int = 5) -> None:
         quantiles = (("0.5", "50", "A"), ("0.95", "95", "B"))
-        assert self.s.ttft
-        if self.one:
-            targets = [self.target(self.quantile(q, self.s.ttft),
-                                   f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
-        else:
-            targets = [self.target(self.recorded(R_TTFT, f'quantile="{q}"'),
-                                   f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
+        ttft = self.s.ttft
+        assert ttft
+        targets = [self.target(self.quantile(q, ttft) if self.one
+                               else self.recorded(R_TTFT, f'quantile="{q}"'),
+                               f"p{p} {{{{model_name}}}}", ref) for q, p, ref in quantiles]
         self.add(g.Stat(
             title="TTFT p50 / p95 (5m)",
             description="Time to first token. When the hit rate falls, TTFT rises: prompts "
@@ -102,10 +100,7 @@ class Panels(PanelBase):
 
     def hit_rate_vs_ttft(self, w: int = 12, h: int = 8) -> None:
         assert self.s.ttft
-        overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
-                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                     {"id": "unit", "value": "s"},
-                                     {"id": "min", "value": 0}]}]
+        overrides = self.right_axis("TTFT.*", "s", ("min", 0))
         self.add(g.TimeSeries(
             title="Hit rate and TTFT",
             description="Hit rate (left axis) against TTFT p50/p95 (right axis). They should "
@@ -210,10 +205,7 @@ class Panels(PanelBase):
         assert second
         per_second = (f"sum by ({replica}) ({self.rate(second)})" if s.preemptions
                       else f"sum by ({replica}) ({self.sel(second)})")
-        overrides = [{"matcher": {"id": "byRegexp", "options": f"{label}.*"},
-                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                     {"id": "unit", "value": "short"},
-                                     {"id": "custom.drawStyle", "value": "bars"}]}]
+        overrides = self.right_axis(f"{label}.*", "short", ("custom.drawStyle", "bars"))
         what = ("preemptions per second" if s.preemptions else "requests waiting")
         self.add(g.TimeSeries(
             title="KV-cache usage and preemptions" if s.preemptions
@@ -247,9 +239,7 @@ class Panels(PanelBase):
             return
         ratio = (f"sum ({self.rate(self.s.ext_hits)})\n/\n"
                  f"(sum ({self.rate(self.s.ext_queries)}) > 0)")
-        overrides = [{"matcher": {"id": "byName", "options": "external queries"},
-                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                     {"id": "unit", "value": "short"}]}]
+        overrides = self.right_axis("external queries", "short", by="byName")
         self.add(g.TimeSeries(
             title="External (KV connector) cache",
             description="Hit rate of an external KV cache (LMCache, NIXL, ... through vLLM's "
@@ -305,12 +295,8 @@ class Panels(PanelBase):
         """The ledger's shares per model as bars, TTFT beside them on the right axis."""
         assert self.s.ttft
         missed = self.recorded(R_LEDGER_SHARE, 'part!="achieved"')
-        overrides = [{"matcher": {"id": "byRegexp", "options": "TTFT.*"},
-                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                     {"id": "unit", "value": "s"}, {"id": "min", "value": 0},
-                                     {"id": "custom.drawStyle", "value": "line"},
-                                     {"id": "custom.stacking",
-                                      "value": {"mode": "none", "group": "B"}}]}]
+        overrides = self.right_axis("TTFT.*", "s", ("min", 0), ("custom.drawStyle", "line"),
+                                    ("custom.stacking", {"mode": "none", "group": "B"}))
         self.add(g.TimeSeries(
             title="Where the misses go",
             description="The hit-rate ledger (5m, needs the exporter's --requests-log or a "
@@ -330,10 +316,7 @@ class Panels(PanelBase):
             stacking={"mode": "normal", "group": "A"}, overrides=overrides), w, h)
 
     def capacity(self, w: int = 12, h: int = 8) -> None:
-        overrides = [{"matcher": {"id": "byRegexp", "options": "share saved.*"},
-                      "properties": [{"id": "custom.axisPlacement", "value": "right"},
-                                     {"id": "unit", "value": "percentunit"},
-                                     {"id": "min", "value": 0}, {"id": "max", "value": 1}]}]
+        overrides = self.right_axis("share saved.*", "percentunit", ("min", 0), ("max", 1))
         self.add(g.TimeSeries(
             title="Capacity: prefill served by cache, and what more was achievable",
             description="Arithmetic you can check (5m rates, recording rules in "

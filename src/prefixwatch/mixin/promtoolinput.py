@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 STEP = 15  # seconds between samples and rule evaluations
 MODEL = "llama-3-8b"
@@ -42,6 +43,11 @@ def counters(phases: Sequence[Phase]) -> tuple[list[float], list[float], list[fl
     return qs, hs, xs
 
 
+def sample(expr: str, at: str, labels: str, value: float) -> dict[str, Any]:
+    """A promql_expr_test: ``expr`` evaluated at ``at`` is one sample, ``labels`` ``value``."""
+    return {"expr": expr, "eval_time": at, "exp_samples": [{"labels": labels, "value": value}]}
+
+
 def compress(values: Sequence[float | None]) -> str:
     """promtool's expanding notation: runs of equal steps become 'a+bxN'."""
     out: list[str] = []
@@ -74,8 +80,7 @@ def compress(values: Sequence[float | None]) -> str:
 
 
 def humanize_percentage(value: float) -> str:
-    text = f"{value * 100:.4g}"
-    return f"{text}%"
+    return f"{value * 100:.4g}%"
 
 
 _EQ_CHAIN = re.compile(r'\{\{ if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)'

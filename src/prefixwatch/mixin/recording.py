@@ -64,16 +64,12 @@ class Recording(Exprs):
         def rec(name: str, expr: str) -> None:
             rules.append({"record": name, "expr": expr})
 
-        for w in self.cfg.recorded_windows:
-            rec(r_queries(MODEL, w), self.by_model(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
-            rec(r_hits(MODEL, w), self.by_model(f"rate({self.hits_sel()}[{self.w(w)}])"))
-            rec(r_ratio(MODEL, w), f"{r_hits(MODEL, w)} / ({r_queries(MODEL, w)} > 0)")
-        for w in self.cfg.target_windows:
-            rec(r_queries(MODEL_TARGET, w),
-                self.by_target(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
-            rec(r_hits(MODEL_TARGET, w), self.by_target(f"rate({self.hits_sel()}[{self.w(w)}])"))
-            rec(r_ratio(MODEL_TARGET, w),
-                f"{r_hits(MODEL_TARGET, w)} / ({r_queries(MODEL_TARGET, w)} > 0)")
+        for level, windows, agg in ((MODEL, self.cfg.recorded_windows, self.by_model),
+                                    (MODEL_TARGET, self.cfg.target_windows, self.by_target)):
+            for w in windows:
+                rec(r_queries(level, w), agg(f"rate({self.sel(s.queries)}[{self.w(w)}])"))
+                rec(r_hits(level, w), agg(f"rate({self.hits_sel()}[{self.w(w)}])"))
+                rec(r_ratio(level, w), f"{r_hits(level, w)} / ({r_queries(level, w)} > 0)")
         base, offset = self.w(self.cfg.baseline_window), self.w(self.cfg.baseline_offset)
         rec(self.cfg.baseline(),
             self.by_model(f"rate({self.hits_sel()}[{base}] offset {offset})") + "\n/\n(" +

@@ -52,22 +52,18 @@ class TierSeries:
         return dict(self.written)[tier]
 
 
-def _alternation(values: list[str]) -> str:
-    return "|".join(values)
-
-
 def _vllm_mapping() -> tuple[tuple[str, str], ...]:
     by_tier: dict[str, list[str]] = {}
     for value in tiers.VLLM_CACHED_SOURCES:
         by_tier.setdefault(tiers.vllm_source_tier(value), []).append(value)
-    return tuple((_alternation(v), tier) for tier, v in by_tier.items()
+    return tuple(("|".join(v), tier) for tier, v in by_tier.items()
                  if tier != tiers.TIER_UNKNOWN)
 
 
 def _sglang_mapping() -> tuple[tuple[str, str], ...]:
     storage = tiers.SGLANG_STORAGE_PREFIX
     return ((f"{storage}.+", tiers.TIER_REMOTE),
-            (_alternation([storage + b for b in sorted(tiers.SGLANG_LOCAL_DISK_BACKENDS)]),
+            ("|".join(storage + b for b in sorted(tiers.SGLANG_LOCAL_DISK_BACKENDS)),
              tiers.TIER_DISK),
             (f"{storage}unknown", tiers.TIER_UNKNOWN),
             (tiers.SGLANG_SOURCE_DEVICE, tiers.TIER_DEVICE),
@@ -128,7 +124,7 @@ def _exporter() -> Source:
 
 
 def _vllm_tiers() -> TierSeries:
-    failed = _alternation(list(tiers.VLLM_OFFLOAD_OUTCOMES_FAILED))
+    failed = "|".join(tiers.VLLM_OFFLOAD_OUTCOMES_FAILED)
 
     def v1(role: str) -> str:
         return families.read(role, families.VLLM_V1)

@@ -19,7 +19,7 @@ from prefixwatch.core.rulenames import (
 )
 from prefixwatch.core.tiers import TIER_HOST
 from prefixwatch.core.windows import parse_duration
-from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase
+from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase, sample
 
 
 class TierCases:
@@ -52,13 +52,11 @@ class TierCases:
             self.at(low, 10, [] if effective else [
                 self.expect(low, "critical", m, device_part)]),
             self.at(ALERT_TIER_IDLE, 19, []),
-        ], [{"expr": f'round({r_effective("model_name", "5m")}, 0.0001)', "eval_time": "15m",
-             "exp_samples": [{"labels": f'{{model_name="{MODEL}"}}',
-                              "value": round(device_part + host_part, 4)}]},
-            {"expr": f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
-             "eval_time": "15m",
-             "exp_samples": [{"labels": f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
-                              "value": round(busy * host_part, 3)}]}])
+        ], [sample(f'round({r_effective("model_name", "5m")}, 0.0001)', "15m",
+                   f'{{model_name="{MODEL}"}}', round(device_part + host_part, 4)),
+            sample(f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
+                   "15m", f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
+                   round(busy * host_part, 3))])
         # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical within 2.5 minutes.
         both = [Phase(60, busy, device_part, host=host_part), Phase(20, busy, 0.02, host=0.01)]
         before = device_part + (host_part if effective else 0.0)
@@ -86,17 +84,15 @@ class TierCases:
         # 19. The offload connector drops 30% of its stores (host pool full): OffloadFailures.
         t = self.src.tiers
         if t is not None and t.offload_outcomes:
-            outcomes = []
-            for outcome, per_step in ((t.offload_stored, 70), (t.offload_failed[0].split("|")[0],
-                                                               30)):
-                labels = {**self.base_labels("vllm-0:8000"), t.offload_label: outcome}
-                outcomes.append({"series": self.series_name(t.offload_outcomes, labels),
-                                 "values": f"0+{per_step}x240"})
+            labels = self.base_labels("vllm-0:8000")
+            outcomes = [{"series": self.series_name(t.offload_outcomes,
+                                                    {**labels, t.offload_label: outcome}),
+                         "values": f"0+{per_step}x240"}
+                        for outcome, per_step in ((t.offload_stored, 70),
+                                                  (t.offload_failed[0].split("|")[0], 30))]
             case(self.traffic([Phase(60, busy, 0.5, host=0.3)]) + outcomes, [
                 self.at(ALERT_OFFLOAD_FAILURES, 10, []),
                 self.at(ALERT_OFFLOAD_FAILURES, 40, [self.expect(
                     ALERT_OFFLOAD_FAILURES, "warning", {**m, "target": "vllm-0:8000"}, 0.3)])],
-                [{"expr": r_offload_failed(self.cfg.warning_window), "eval_time": "30m",
-                  "exp_samples": [{"labels": f'{r_offload_failed(self.cfg.warning_window)}'
-                                             f'{{model_name="{MODEL}",'
-                                             f'target="vllm-0:8000"}}', "value": 0.3}]}])
+                [sample(failed := r_offload_failed(self.cfg.warning_window), "30m",
+                        f'{failed}{{model_name="{MODEL}",target="vllm-0:8000"}}', 0.3)])

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefixwatch.report.collect import Collector
-from prefixwatch.report.divergence import Finding, first_divergence
+from prefixwatch.report.divergence import first_divergence
 from prefixwatch.report.model import ReportData, Request
 from prefixwatch.report.promapi import PromClient, ReportError
 
@@ -42,9 +42,7 @@ def write_report(prometheus: str, out_dir: str | Path, request: Request,
         data = Collector(client, request).collect()
     finally:
         client.close()
-    finding: Finding | None = None
-    if requests_log:
-        finding = first_divergence(requests_log, block_size, tokenizer)
+    finding = first_divergence(requests_log, block_size, tokenizer) if requests_log else None
     data.divergence = finding.__dict__ if finding else None
     drawn = [("figure1-hit-ratio-ttft", figure1(data)), ("figure2-tiers", figure2(data)),
              ("figure3-ledger", figure3(data))]
@@ -52,9 +50,7 @@ def write_report(prometheus: str, out_dir: str | Path, request: Request,
     try:
         out.mkdir(parents=True, exist_ok=True)
         paths = []
-        for _name, fig in drawn:
-            if fig is None:
-                continue
+        for fig in (f for _, f in drawn if f is not None):
             for suffix, content in ((".png", fig.png), (".svg", fig.svg.encode())):
                 path = out / f"{fig.name}{suffix}"
                 path.write_bytes(content)

@@ -55,12 +55,8 @@ MAX_POINTS_PER_SERIES = 720
 
 
 def _sel(model: str, extra: str = "") -> str:
-    label = f'{names.L_MODEL}="{_escape(model)}"'
-    return "{" + label + (f",{extra}" if extra else "") + "}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = model.replace("\\", "\\\\").replace('"', '\\"')
+    return "{" + f'{names.L_MODEL}="{escaped}"' + (f",{extra}" if extra else "") + "}"
 
 
 def _quantile(q: float) -> str:
@@ -91,8 +87,6 @@ class Collector:
         self.start, self.end = start, end
         self.span = end - start
         self.step = max(1.0, math.ceil(self.span / MAX_POINTS_PER_SERIES))
-
-    # -- what is there ----------------------------------------------------------------------------
 
     def models(self) -> dict[str, float]:
         """Models with recorded series in the range, with their traffic (the denominator)."""
@@ -132,8 +126,6 @@ class Collector:
                 f"data: the report covers {_iso(self.start)} to {_iso(self.end)}, where "
                 f"{self.names.den} has samples.")
 
-    # -- series ---------------------------------------------------------------------------
-
     def _range(self, expr: str) -> list[Series]:
         return self.client.query_range(expr, self.start, self.end, self.step)
 
@@ -146,12 +138,8 @@ class Collector:
         return self._finite(found[0].samples) if found else []
 
     def ttft_series(self, model: str) -> dict[float, list[tuple[float, float]]]:
-        out = {}
-        for q in TTFT_QUANTILES:
-            found = self._one(f"{R_TTFT}{_sel(model, _quantile(q))}")
-            if found:
-                out[q] = found
-        return out
+        found = {q: self._one(f"{R_TTFT}{_sel(model, _quantile(q))}") for q in TTFT_QUANTILES}
+        return {q: samples for q, samples in found.items() if samples}
 
     def alert_firings(self, model: str) -> list[AlertFiring]:
         span = _dur(self.span)
@@ -160,9 +148,7 @@ class Collector:
         for_state = self.client.query(f"ALERTS_FOR_STATE{{{sel}}}[{span}]", self.end)
         firing = [s for s in firing if s.labels.get(names.L_MODEL, model) == model]
         spacing = typical_spacing(s.samples for s in firing + for_state) or self.step
-        active: dict[tuple, list[tuple[float, float]]] = {}
-        for s in for_state:
-            active[_alert_key(s.labels)] = s.samples
+        active = {_alert_key(s.labels): s.samples for s in for_state}
         out = []
         for s in firing:
             for iv in runs(s.samples, spacing, self.end):
@@ -203,8 +189,6 @@ class Collector:
             return None
         return {s.labels.get(L_PART, ""): self._finite(s.samples) for s in parts}
 
-    # -- phases ---------------------------------------------------------------------------
-
     def _inside(self, metric: str, span: Phase) -> str:
         """The mean over ``span`` of a recorded rate, from samples (one a step) whose windows
         lie inside the span: each covers the window before it, so traffic from the other side
@@ -221,7 +205,7 @@ class Collector:
         group = f" by ({by})" if by else ""
         found = self.client.query(
             f"sum{group} ({self._inside(metric + _sel(model), span)})", span.end)
-        return {s.labels.get(by, "") if by else "": s.samples[0][1] for s in found}
+        return {s.labels.get(by, ""): s.samples[0][1] for s in found}
 
     def _phase_ratio(self, series: Recorded, model: str, span: Phase) -> float | None:
         num = self._mean(series.num, model, span).get("", math.nan)
@@ -246,8 +230,6 @@ class Collector:
                           0.0 if math.isnan(queries) else queries,
                           0.0 if math.isnan(hits) else hits,
                           self._phase_ratio(self.names, model, phase))
-
-    # -- everything -----------------------------------------------------------------------
 
     def collect(self) -> ReportData:
         req = self.req

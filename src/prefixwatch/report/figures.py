@@ -163,50 +163,49 @@ def figure1(data: ReportData) -> Drawn:
     return _export(fig, "figure1-hit-ratio-ttft", title)
 
 
-def _stack(ax, series: dict[str, list[tuple[float, float]]], order: Sequence[str],
-           colours: dict[str, str], labels: dict[str, str]) -> bool:
+def _stacked(data: ReportData, name: str, title: str,
+             series: dict[str, list[tuple[float, float]]], order: Sequence[str],
+             colours: dict[str, str], labels: dict[str, str], shares: bool) -> Drawn | None:
+    """``series`` stacked in ``order`` over the range, alerts shaded: as shares of prompt
+    tokens against the threshold, or as tokens per second. None without samples."""
     times = sorted({t for samples in series.values() for t, _ in samples})
     if not times:
-        return False
+        return None
+    fig, ax = _new(title)
+    _shade_alerts(ax, data)
     keys = [k for k in order if k in series]
     stacks = [[dict(series[k]).get(t, 0.0) for t in times] for k in keys]
     ax.stackplot(_dt(times), stacks, labels=[labels.get(k, k) for k in keys],
                  colors=[colours.get(k, "#999999") for k in keys], alpha=0.85, linewidth=0)
-    return True
+    if shares:
+        ax.axhline(data.threshold, color="#d62728", linestyle=(0, (6, 3)), linewidth=1.2)
+        ax.set_ylim(0, 1.05)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        ax.set_ylabel("share of prompt tokens", fontsize=12)
+    else:
+        ax.set_ylabel(f"prompt tokens per second ({data.window:.0f}s rate)", fontsize=12)
+        ax.set_ylim(bottom=0)
+    _time_axis(ax, data)
+    _legend(fig)
+    return _export(fig, name, title)
 
 
 def figure2(data: ReportData) -> Drawn | None:
     """Prompt tokens per second by the cache tier that served them, and recomputed."""
     if not data.tiers:
         return None
-    title = f"Prompt tokens by cache tier and recomputed: {data.model}"
-    fig, ax = _new(title)
-    _shade_alerts(ax, data)
     order = [*(t for t in data.tiers if t != "recomputed"), "recomputed"]
     labels = {t: f"served from {t}" for t in order} | {"recomputed": "recomputed (prefill)"}
-    if not _stack(ax, data.tiers, order, TIER_COLOURS, labels):
-        return None
-    ax.set_ylabel(f"prompt tokens per second ({data.window:.0f}s rate)", fontsize=12)
-    ax.set_ylim(bottom=0)
-    _time_axis(ax, data)
-    _legend(fig)
-    return _export(fig, "figure2-tiers", title)
+    return _stacked(data, "figure2-tiers",
+                    f"Prompt tokens by cache tier and recomputed: {data.model}",
+                    data.tiers, order, TIER_COLOURS, labels, shares=False)
 
 
 def figure3(data: ReportData) -> Drawn | None:
     """Where the missed prompt tokens go: the ledger's parts as shares over time."""
     if not data.ledger:
         return None
-    title = f"Where the prompt tokens go (the hit-rate ledger): {data.model}"
-    fig, ax = _new(title)
-    _shade_alerts(ax, data)
     positive = {k: [(t, max(v, 0.0)) for t, v in s] for k, s in data.ledger.items()}
-    if not _stack(ax, positive, list(LEDGER_COLOURS), LEDGER_COLOURS, LEDGER_LABELS):
-        return None
-    ax.axhline(data.threshold, color="#d62728", linestyle=(0, (6, 3)), linewidth=1.2)
-    ax.set_ylim(0, 1.05)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-    ax.set_ylabel("share of prompt tokens", fontsize=12)
-    _time_axis(ax, data)
-    _legend(fig)
-    return _export(fig, "figure3-ledger", title)
+    return _stacked(data, "figure3-ledger",
+                    f"Where the prompt tokens go (the hit-rate ledger): {data.model}",
+                    positive, list(LEDGER_COLOURS), LEDGER_COLOURS, LEDGER_LABELS, shares=True)

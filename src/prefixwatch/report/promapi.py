@@ -32,14 +32,6 @@ class Series:
     labels: dict[str, str]
     samples: list[tuple[float, float]]
 
-    @property
-    def times(self) -> list[float]:
-        return [t for t, _ in self.samples]
-
-    @property
-    def values(self) -> list[float]:
-        return [v for _, v in self.samples]
-
 
 class PromClient:
     """Read-only access to one Prometheus server."""
@@ -92,14 +84,12 @@ class PromClient:
 
     def query(self, expr: str, at: float) -> list[Series]:
         """An instant query at ``at``; a range selector gives raw samples (a matrix)."""
-        data = self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
-        return _series(data)
+        return _series(self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}))
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         step = max(step, (end - start) / MAX_POINTS, 0.001)
-        data = self._get("/api/v1/query_range", {
-            "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"})
-        return _series(data)
+        return _series(self._get("/api/v1/query_range", {
+            "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}))
 
 
 def _reason(exc: Exception) -> str:

@@ -32,10 +32,8 @@ def not_available(name: str, data: ReportData) -> str:
 
 
 def when(t: float | None, with_date: bool = False) -> str:
-    if t is None:
-        return "-"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S" if with_date
-                                                   else "%H:%M:%S")
+    return "-" if t is None else datetime.fromtimestamp(t, UTC).strftime(
+        "%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
 
 
 def pct(value: float | None) -> str:
@@ -43,9 +41,7 @@ def pct(value: float | None) -> str:
 
 
 def secs(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return "-" if value is None else f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def tokens(value: float | None) -> str:
@@ -73,8 +69,7 @@ def timeline(data: ReportData) -> list[Event]:
         events.append(Event(cross.first_drop, f"{prefix} the {data.threshold:.0%} threshold "
                                               f"({pct(value)})"))
     for alert in data.alerts:
-        where = alert.labels.get("target")
-        scope = f" on {where}" if where else ""
+        scope = f" on {where}" if (where := alert.labels.get("target")) else ""
         pending = (f", pending since {when(alert.active_since)}"
                    if alert.active_since and alert.active_since < alert.interval.start else "")
         events.append(Event(alert.interval.start, f"{alert.name} ({alert.severity}) "
@@ -93,30 +88,26 @@ def timeline(data: ReportData) -> list[Event]:
 
 def phase_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the before/during/after table."""
-    names = [p.phase.name for p in data.phases]
+    if not data.phases:
+        return [], []
     header = ["", *(f"{p.phase.name} ({when(p.phase.start)}-{when(p.phase.end)})"
                     for p in data.phases)]
     rows = [["hit ratio, fleet (device)", *(pct(p.hit_ratio) for p in data.phases)]]
     if any(p.effective_ratio is not None for p in data.phases):
         rows.append(["hit ratio, fleet (effective, all tiers)",
                      *(pct(p.effective_ratio) for p in data.phases)])
-    targets = sorted({t for p in data.phases for t in p.per_replica})
-    for target in targets:
+    for target in sorted({t for p in data.phases for t in p.per_replica}):
         rows.append([f"{data.ratio_label}, replica {target}",
                      *(pct(p.per_replica.get(target)) for p in data.phases)])
     for q in TTFT_QUANTILES:
         rows.append([f"TTFT p{q * 100:g}", *(secs(p.ttft.get(q)) for p in data.phases)])
     rows.append(["prompt tokens looked up", *(tokens(p.queries) for p in data.phases)])
-    return header if names else [], rows if names else []
+    return header, rows
 
 
 def diagnosis_rows(data: ReportData) -> list[list[str]]:
-    rows = []
-    for cause, spans in data.diagnosis.items():
-        for target, iv in spans:
-            rows.append([cause, target, when(iv.start),
-                         "still holds" if iv.open else when(iv.end)])
-    return rows
+    return [[cause, target, when(iv.start), "still holds" if iv.open else when(iv.end)]
+            for cause, spans in data.diagnosis.items() for target, iv in spans]
 
 
 _HTML = """<!doctype html>
@@ -274,13 +265,8 @@ def _context(data: ReportData, drawn: list[tuple[str, Drawn | None]],
                  "UTC" if first else "no prefixwatch alert fired in range")
     causes = sorted(data.diagnosis, key=lambda c: -sum(iv.end - iv.start
                                                        for _, iv in data.diagnosis[c]))
-    figures = []
-    for name, fig in drawn:
-        caption = not_available(name, data)
-        if fig is not None:
-            caption = fig.title
-        figures.append({"drawn": fig, "caption": caption,
-                        "b64": base64.b64encode(fig.png).decode() if fig else ""})
+    figures = [{"drawn": fig, "caption": fig.title if fig else not_available(name, data),
+                "b64": base64.b64encode(fig.png).decode() if fig else ""} for name, fig in drawn]
     header, rows = phase_rows(data)
     return {"d": data, "events": timeline(data), "header": header, "rows": rows,
             "diag": diagnosis_rows(data), "cost": _cost(data), "figures": figures,

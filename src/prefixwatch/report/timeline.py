@@ -73,8 +73,6 @@ def crossings(samples: Sequence[tuple[float, float]], threshold: float) -> Cross
         elif below_since is not None:
             below_since = None
             out.recovery = t
-    if out.first_drop is not None and below_since is not None:
-        out.recovery = None
     return out
 
 
