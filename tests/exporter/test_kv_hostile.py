@@ -381,3 +381,21 @@ def test_a_restarted_engine_is_reconnected_and_its_mirror_starts_again(tmp_path)
     finally:
         p.close()
         ctx.destroy(linger=0)
+
+
+def test_a_restart_drops_the_batches_held_before_the_model_was_known() -> None:
+    """An engine restarts while its first poll is under way: what the stopped engine stored
+    (held until the model is known) is gone with it, and the restart counts once the mirror
+    holds only the new engine's blocks."""
+    from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+
+    model: list[str | None] = [None]
+    source = KvSource("bad", FleetRegistry(), model_hint=lambda: model[0])
+    for seq in range(3):
+        source.ingest(msg(seq, batch(stored([seq]))))
+    assert source.mirror is None  # held: the model is not known yet
+    source.ingest(msg(0, batch(stored([50]))))  # the restarted engine
+    assert source.read()[2]["sequence_restart"] == 1
+    model[0] = "m"
+    source.ingest(msg(1, batch(stored([51], parent=50))))
+    assert source.read()[3].resident == {"GPU": 2}

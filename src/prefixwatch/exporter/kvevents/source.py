@@ -109,10 +109,10 @@ class KvSource:
         expected = self._next.get(topic)
         if expected is not None and seq != expected:
             if seq == 0 or seq < expected - names.KV_RECEIVE_HWM:
-                self.count("sequence_restart")
                 log.info("kv events of %s: the sequence restarted (%d after %d); the mirror "
                          "starts again", self.target, seq, expected - 1)
                 self._restart()
+                self.count("sequence_restart")  # after the clear: who sees it sees the mirror
             elif seq < expected:
                 return  # a duplicate (a replay overlapping the live stream)
             else:
@@ -194,9 +194,12 @@ class KvSource:
         return mirror
 
     def _restart(self) -> None:
+        """The engine started again: its blocks are gone, those held before the model was
+        known included (they belong to the engine that stopped)."""
         if self.mirror is not None:
             with self.mirror.fleet.lock:
                 self.mirror.clear()
+        self._held = []
         self._next.clear()
 
     # -- reading ---------------------------------------------------------------------------------
