@@ -107,18 +107,21 @@ class KvSource:
             self.count(exc.reason)
             return
         expected = self._next.get(topic)
+        restarted = False
         if expected is not None and seq != expected:
             if seq == 0 or seq < expected - names.KV_RECEIVE_HWM:
                 log.info("kv events of %s: the sequence restarted (%d after %d); the mirror "
                          "starts again", self.target, seq, expected - 1)
                 self._restart()
-                self.count("sequence_restart")  # after the clear: who sees it sees the mirror
+                restarted = True
             elif seq < expected:
                 return  # a duplicate (a replay overlapping the live stream)
             else:
                 self._fill(topic, expected, seq, replay)
         self._next[topic] = seq + 1
         self._apply(topic, payload)
+        if restarted:  # counted last: who sees the restart sees the new engine's first batch
+            self.count("sequence_restart")
 
     def _fill(self, topic: bytes, start: int, upto: int, replay: Replay | None) -> None:
         """Messages ``start``..``upto - 1`` are missing: replay them, count what stays lost."""
