@@ -23,8 +23,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from prefixwatch.core.ledger import Ledger
-from prefixwatch.core.logformat import packed_ids
 from prefixwatch.core.prefixindex import Divergence, PrefixIndex, RequestResult
+from prefixwatch.core.tokenids import packed_ids
 from prefixwatch.core.whatvaries import FIXES, guess_kind
 
 MAX_EXAMPLES = 64

@@ -20,7 +20,7 @@ from prefixwatch.audit.analysis import Auditor, Report, diff
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.ledger import COUNTED as LEDGER_COUNTED
 from prefixwatch.core.ledger import table as ledger_table
-from prefixwatch.core.logformat import BadLine, LogRequest, parse_request, read_jsonl
+from prefixwatch.core.logformat import BadLine, LogRequest, read_jsonl
 from prefixwatch.core.tokenizers import (
     AuditError,
     NoTokenizer,
@@ -247,6 +247,8 @@ def _as_text(report: Report, top: list[dict]) -> str:
 def _run_diff(args: argparse.Namespace) -> int:
     if len(args.logs) != 3:
         raise ConfigError("usage: prefixwatch audit diff A.json B.json")
+    from prefixwatch.core.strictline import parse_request
+
     tok = _tokenizer(args)
     requests_: list[LogRequest] = []
     for path in args.logs[1:]:
@@ -255,6 +257,8 @@ def _run_diff(args: argparse.Namespace) -> int:
                 requests_.append(parse_request(json.load(fh), path))
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+        except RecursionError:
+            raise ConfigError(f"{path}: not JSON (nested too deeply)") from None
         except ValueError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
     ids = tok.tokenize(requests_)
