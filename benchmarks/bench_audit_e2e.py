@@ -6,24 +6,29 @@ once before any timing. Each side is a process of its own, started the same way 
 the start to the exit, so interpreter start, imports, reading and decoding the log count on
 both sides:
 
-- the naive loop: ``json.loads`` of each line into the list of prompts that the seed's loop
-  takes, then bench_audit.naive (chained tuple hashes per block, a set of seen hashes, a
-  token-by-token first divergence); it imports only the standard library. Also shown: the
-  same loop fed one line at a time (no prompt kept: less memory, less time);
+- the naive loop (the baseline): ``json.loads`` of each line into the list of prompts that the
+  seed's loop takes, then bench_audit.naive (chained tuple hashes per block, a set of seen
+  hashes, a token-by-token first divergence); it imports only the standard library. Also
+  shown: the same loop fed one line at a time (no prompt kept: less memory, less time);
 - ``prefixwatch audit LOG --format json --no-progress``, the console script;
 - ``python -m prefixwatch.audit.cli LOG ...``, the audit without the other sub-commands'
   parsers (what the audit itself costs, whatever the `prefixwatch` wiring imports).
 
-Both sides must find the same cacheable and prompt tokens. Runs are interleaved and the best of
-each is compared (a shared machine only ever adds time). Target: 3x.
+Every side and every run must find the same cacheable and prompt tokens (checked, or the
+benchmark fails). Runs are interleaved (naive, streaming, audit, direct, then again) and the
+best of each is compared, since a shared machine only ever adds time; the CPU seconds (user +
+system) of the same best runs are printed too, as they move less with the machine's load.
+Target: 3x (4x and more on a quiet machine).
 
-Bytecode: an installed package's modules are compiled once (pip compiles them at install, an
+What is cached between runs, for both sides alike: the log in the OS page cache, and compiled
+bytecode. An installed package's modules are compiled once (pip compiles them at install, an
 editable install on first import), never on each run; so every side first runs once untimed
 with a private bytecode cache (``PYTHONPYCACHEPREFIX`` in the temporary directory, also where
 ``PYTHONDONTWRITEBYTECODE`` is set), and the timed runs read it. ``--compile-each-run`` times
-compiling from source in every process instead (both sides alike).
+compiling from source in every process instead. Nothing else outlives a process: no result,
+no decoded line, no parser.
 
-Run: python benchmarks/bench_audit_e2e.py [--requests 4000] [--repeat 3]
+Run: python benchmarks/bench_audit_e2e.py [--requests 4000] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -68,13 +74,18 @@ def naive_main(path: str, stream: bool) -> None:
     print(json.dumps({"cacheable_tokens": cacheable, "prompt_tokens": total}))
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, dict]:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, dict]:
+    """Wall seconds, CPU seconds (user + system, the process and its children) and the
+    answer of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
-    return elapsed, json.loads(done.stdout)
+    return elapsed, cpu, json.loads(done.stdout)
 
 
 def import_seconds(module: str, repeat: int, env: dict[str, str] | None = None) -> float:
@@ -100,7 +111,7 @@ def child_env(tmp: str, cache: bool) -> dict[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=4000)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--naive", metavar="LOG", help=argparse.SUPPRESS)  # the naive process
     p.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-direct", action="store_true",
@@ -129,23 +140,26 @@ def main() -> None:
         if args.no_direct:
             del sides["direct"]
         env = child_env(tmp, cache=not args.compile_each_run)
-        times: dict[str, list[float]] = {name: [] for name in sides}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
         answers: dict[str, set[tuple[int, int]]] = {name: set() for name in sides}
         if not args.compile_each_run:
             for cmd in sides.values():
                 timed(cmd, env)  # untimed: compiles each side's modules into the cache
         for _ in range(args.repeat):
             for name, cmd in sides.items():
-                elapsed, out = timed(cmd, env)
-                times[name].append(elapsed)
+                elapsed, cpu, out = timed(cmd, env)
+                times[name].append((elapsed, cpu))
                 answers[name].add((out["cacheable_tokens"], out["prompt_tokens"]))
         size = log.stat().st_size
         imports = {module: import_seconds(module, args.repeat, env)
                    for module in ("prefixwatch.cli", "prefixwatch.audit.cli")}
     found = set().union(*answers.values())
-    assert len(found) == 1, answers  # every side and every run: the same tokens
+    if len(found) != 1:  # every side and every run: the same tokens, or no figure at all
+        raise SystemExit(f"the sides disagree (cacheable, prompt tokens): {answers}")
     cacheable, tokens = found.pop()
-    best = {name: min(ts) for name, ts in times.items()}
+    best_runs = {name: min(ts) for name, ts in times.items()}
+    best = {name: run[0] for name, run in best_runs.items()}
+    cpu = {name: run[1] for name, run in best_runs.items()}
     print(f"{args.requests} requests, {tokens:,} tokens, {size / 1e6:.0f} MB of JSONL, "
           f"best of {args.repeat} runs each, whole processes, "
           f"{'compiling from source each run' if args.compile_each_run else 'bytecode cached'}")
@@ -159,6 +173,8 @@ def main() -> None:
             continue
         print(f"{label + ':':40s}{best[name]:6.2f} s  {best['naive'] / best[name]:4.1f}x "
               f"({note}; {best['streaming'] / best[name]:.1f}x the streaming loop)")
+    print("CPU seconds of those runs: " + ", ".join(
+        f"{name} {cpu[name]:.2f}" for name in best) + f" ({cpu['naive'] / cpu['audit']:.1f}x)")
     print(f"imports: prefixwatch.cli {imports['prefixwatch.cli']:.2f} s, "
           f"prefixwatch.audit.cli {imports['prefixwatch.audit.cli']:.2f} s")
 

@@ -3,8 +3,8 @@
 Two ways in: a list (a tokenizer's, or a decoded one), copied with ``packed_ids``; and a JSON
 list of ids, which simdjson parses and checks in C (``json_ids``, ``simdjson_ids``): every
 element a JSON integer from 0 to 2**64 - 1, copied out as one buffer of 64-bit words, never as
-Python integers; the high words are then checked to be 0 and the low words kept, two C-level
-strided copies. Whatever these refuse (None) is read again by the strict decoder
+Python integers; the high words are then checked to be 0 in place and the low words kept, one
+C-level strided copy. Whatever these refuse (None) is read again by the strict decoder
 (``core/strictline.py``), which says why; whatever they accept, it would accept with the same
 values.
 """
@@ -64,13 +64,14 @@ def simdjson_ids(ids: simdjson.Array) -> array | None:
         wide = ids.as_buffer(of_type="u")  # refuses bool, float, null, negative, ...
     except (TypeError, ValueError):
         return None
+    global _zeros
     words = array("I")
     words.frombytes(wide)
     half = len(words) >> 1
-    if len(_zeros) < half:
-        _zeros.frombytes(bytes(4 * (half - len(_zeros))))
-    if words[1 - _LOW::2] != _zeros[:half]:
-        return None  # an id beyond 32 bits
+    if len(_zeros) < half:  # a new one, never resized: another thread may be reading it
+        _zeros = array("I", bytes(4 * half))
+    if memoryview(words)[1 - _LOW::2] != memoryview(_zeros)[:half]:
+        return None  # an id beyond 32 bits (compared in place: no copy of the high words)
     return words[_LOW::2]
 
 
