@@ -234,8 +234,8 @@ def test_bad_token_ids_are_refused_with_their_line(ids: str, detail: str, tmp_pa
 ])
 def test_a_line_the_fast_pass_refuses_gets_the_strict_reason(line: str, reason: str,
                                                              tmp_path: Path) -> None:
-    """Ids are first decoded as plain integers (packing refuses a negative one); the reason
-    is still the strict decoder's first error, in the line's own order."""
+    """simdjson's pass leaves these lines to the strict decoder, whose first error, in the
+    line's own order, is the reason."""
     from prefixwatch.core.logformat import BadLine, read_jsonl
 
     log = tmp_path / "r.jsonl"

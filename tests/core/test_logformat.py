@@ -182,3 +182,30 @@ def test_a_pre_tokenized_log_is_read_without_msgspec(tmp_path) -> None:
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, timeout=60)
     assert plain.stdout.split() == ["1", "False", "False"]
+
+
+def test_a_held_document_costs_one_line_the_pass_not_the_answer() -> None:
+    """The parser is reused; while a document of it is still held, that line goes to the
+    strict decoder (same answer) and the thread gets a new parser."""
+    from prefixwatch.core import tokenids
+
+    held = tokenids.parse(b'{"a": 1}')
+    line = b'{"prompt_token_ids": [1, 2, 3]}'
+    assert not took_the_pass(line)
+    assert outcome(jsonline.decode_request, line) == outcome(strictline.decode_request, line)
+    assert took_the_pass(line)
+    del held
+
+
+def test_threads_read_with_parsers_of_their_own() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    lines = [json.dumps({"prompt_token_ids": list(range(i, i + 300))}).encode()
+             for i in range(400)]
+
+    def decode(line: bytes) -> list[int]:
+        return list(jsonline.decode_request(line, "log:1").token_ids)
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(decode, lines * 3))
+    assert got == [list(range(i, i + 300)) for i in range(400)] * 3
