@@ -81,6 +81,9 @@ OUT_EXT_HITS = OutMetric(
 OUT_PROMPT_TOKENS = OutMetric(
     "prefixwatch_prompt_tokens", "counter",
     "Prompt (prefill) tokens processed.", _SERIES)
+OUT_GENERATION_TOKENS = OutMetric(
+    "prefixwatch_generation_tokens", "counter",
+    "Generated (output) tokens, counted per engine step as they are sampled.", _SERIES)
 OUT_PREEMPTIONS = OutMetric(
     "prefixwatch_preemptions", "counter",
     "Requests preempted because the KV-cache pool was full.", _SERIES)
@@ -332,6 +335,9 @@ KV_BLOCK_OPS: tuple[str, ...] = ("stored", "removed")
 #: The ledger part of the prompt tokens no full block covers (a tail shorter than a block),
 #: which the event stream never shows: the event ledger's own named part.
 LEDGER_TAIL = "tail"
+#: The event ledger's generated tokens whose KV the engine computed (one fewer per finished
+#: request than it sampled): cached in the answers' blocks, named beside the prompt's parts.
+LEDGER_OUTPUT = "output"
 #: The parts of prefixwatch_kv_computed_tokens_total: the stream's four, and the tail.
 KV_COMPUTED_SERIES_PARTS: tuple[str, ...] = (*KV_COMPUTED_PARTS, LEDGER_TAIL)
 #: Shares of the event ledger (they sum to 1): the request ledger's, with the tail.
