@@ -121,3 +121,81 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
         exporter.stop()
         for s in sims:
             s.stop()
+
+
+@pytest.mark.integration
+def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named() -> None:
+    """Answers of 24 to 56 tokens: vLLM caches their blocks too, so the stream holds more
+    than the prompts' blocks. The exporter's ledger closes to the token (unexplained 0) with
+    the generated tokens whose KV was computed as the output part, the engine's own count."""
+    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+    sims = [ReplicaServer(Replica(cfg, index=i, kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
+                          "127.0.0.1", 0) for i in range(2)]
+    for s in sims:
+        s.start()
+    targets = tuple(TargetConfig(f"http://127.0.0.1:{s.port}/metrics", name=f"r{i}",
+                                 kv_events=s.replica.kv_publisher.endpoint)
+                    for i, s in enumerate(sims))
+    exporter = Exporter(ExporterConfig(targets=targets, interval=0.3,
+                                       listen_address="127.0.0.1:0"))
+    exporter.start()
+    try:
+        wait_for(lambda: all(value(scrape(exporter.port), "prefixwatch_kv_events_up",
+                                   target=t.name) == 1.0 for t in targets),
+                 what="both streams up")
+        wait_for(lambda: all(exporter.kv_ledgers.span(t.name, None) is not None
+                             for t in targets), what="both ledgers' baselines")
+        truth = {t.name: {"prompt": 0, "cached": 0, "output": 0, "stored": 0, "requests": 0}
+                 for t in targets}
+        for k in range(8):
+            i, answer = k % 2, 24 + 8 * (k % 5)
+            prompt = SYSTEM + [9_000 + 100 * k + j for j in range(SUFFIX + 7 * k)]
+            r = requests.post(f"http://127.0.0.1:{sims[i].port}/v1/completions",
+                              json={"prompt": prompt, "max_tokens": answer}, timeout=10)
+            assert r.status_code == 200
+            usage = r.json()["usage"]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            assert usage["completion_tokens"] == answer
+            row = truth[f"r{i}"]
+            row["prompt"] += len(prompt)
+            row["cached"] += cached
+            row["output"] += answer - 1  # the last sampled token is never fed back
+            row["stored"] += (len(prompt) + answer - 1) // BS - cached // BS
+            row["requests"] += 1
+            time.sleep(0.1)
+
+        def settled() -> bool:
+            for t, row in truth.items():
+                span = exporter.kv_ledgers.span(t, None)
+                if span is None or span.prompt != row["prompt"] or span.requests != 8 // 2:
+                    return False
+                if span.shares[names.LEDGER_OUTPUT] != row["output"]:
+                    return False
+            return True
+
+        wait_for(settled, what="every request finished and polled")
+        time.sleep(0.7)  # two more polls: the stream and the counters at rest
+        got = scrape(exporter.port)
+        for t, row in truth.items():
+            # The simulator stored each answer's blocks where vLLM does: the stream holds them.
+            assert value(got, "prefixwatch_kv_blocks_total", target=t, medium="GPU",
+                         op="stored") == row["stored"]
+            span = exporter.kv_ledgers.span(t, None)
+            assert span is not None
+            shares = span.shares
+            print(t, span.prompt, shares)
+            assert shares["unexplained"] == 0, shares
+            assert shares["achieved"] == row["cached"]
+            assert shares[names.LEDGER_OUTPUT] == row["output"]
+            assert 0 <= shares[names.LEDGER_TAIL] <= (BS - 1) * row["requests"]
+            assert sum(shares[p] for p in names.KV_LEDGER_SHARES) == span.prompt
+            assert all(shares[p] >= 0 for p in names.KV_LEDGER_SHARES), shares
+        model = cfg.model
+        assert value(got, "prefixwatch_ledger_tokens_total", model_name=model,
+                     part=names.LEDGER_OUTPUT) == sum(r["output"] for r in truth.values())
+        page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
+        assert "output " in page and "generated tokens" in page
+    finally:
+        exporter.stop()
+        for s in sims:
+            s.stop()

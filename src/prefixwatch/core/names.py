@@ -314,8 +314,8 @@ OUT_KV_COMPUTED = OutMetric(
     "Tokens of the device blocks the target computed (stored, no lower tier supplied them), by "
     "why: eviction (this replica held the content before and removed it), routing (another "
     "replica holds it), layout (the same text as an earlier chain after a short divergence), "
-    "novel (the rest); and tail, the prompt tokens no full block covers (never cached), from "
-    "the engine's prompt counter beside the stream.", (L_TARGET, L_MODEL, L_PART))
+    "novel (the rest, answers' blocks included); and tail, the tokens of each request's last "
+    "partial block (never cached), from the engine's counters beside the stream.", (L_TARGET, L_MODEL, L_PART))
 OUT_KV_LOADED = OutMetric(
     "prefixwatch_kv_loaded_tokens", "counter",
     "Tokens of the device blocks a lower tier of the target supplied, by that tier's medium.",
