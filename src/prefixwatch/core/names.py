@@ -315,7 +315,8 @@ OUT_KV_COMPUTED = OutMetric(
     "why: eviction (this replica held the content before and removed it), routing (another "
     "replica holds it), layout (the same text as an earlier chain after a short divergence), "
     "novel (the rest, answers' blocks included); and tail, the tokens of each request's last "
-    "partial block (never cached), from the engine's counters beside the stream.", (L_TARGET, L_MODEL, L_PART))
+    "partial block (never cached), from the engine's counters beside the stream.",
+    (L_TARGET, L_MODEL, L_PART))
 OUT_KV_LOADED = OutMetric(
     "prefixwatch_kv_loaded_tokens", "counter",
     "Tokens of the device blocks a lower tier of the target supplied, by that tier's medium.",

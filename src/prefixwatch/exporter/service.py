@@ -32,7 +32,7 @@ from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
-from prefixwatch.exporter.kvevents.ledger import EventLedgers
+from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
@@ -247,6 +247,8 @@ class Exporter:
         """Poll one target, and sample its event ledger beside the page just read."""
         before = self.kv_ledgers.before_poll(mon.name)
         mon.poll()
+        if before is not None:
+            self._stop.wait(SETTLE_SECONDS)
         try:
             self.kv_ledgers.after_poll(mon.name, before, time.time())
         except Exception:  # a bug in the event ledger must not stop the polling

@@ -2,8 +2,9 @@
 
 Each target's stream is sampled at each of its polls, beside the counters of the page just
 read (prompt tokens, cached tokens of every tier, generated tokens, finished requests, requests
-running): its mirror's computed parts are read before the page is fetched and after it is read,
-and the later reading is kept with how far the stream moved in between. A span's ledger is the
+running): its mirror's computed parts are read before the page is fetched and shortly after it is
+read (``SETTLE_SECONDS``), and the later reading is kept with how far the stream moved in
+between. A span's ledger is the
 difference of two samples, so both sides cover the same stretch of time, and it starts when
 the exporter first saw both (what an engine did before its stream was followed is not in it).
 The span's edges bound what the two sides may differ by (``core/eventledger.py``): a block per
@@ -22,6 +23,13 @@ from prefixwatch.core import names
 from prefixwatch.core.eventledger import event_shares
 from prefixwatch.exporter.kvevents.source import KvSource
 from prefixwatch.exporter.monitor import TargetMonitor
+
+#: How long after a page is read its target's stream is read again: the engine publishes a
+#: step's events after the step that moved its counters, and the batch crosses a socket and a
+#: thread, so a page can show a request whose blocks have not reached the mirror yet. Read a
+#: little later, the stream is ahead of the page instead, by at most what it stored since the
+#: reading before the fetch, which bounds the span's edges.
+SETTLE_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
