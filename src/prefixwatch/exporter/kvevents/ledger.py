@@ -86,11 +86,17 @@ def _counters(mon: TargetMonitor, model: str) -> Counters | None:
         return Counters(figures.lifetime_queries, cached, requests, generated, running)
 
 
-def _computed(source: KvSource) -> tuple[str | None, dict[str, int]]:
+def _computed(source: KvSource) -> tuple[str | None, dict[str, int]] | None:
     """(model, computed tokens by part) of a source's mirror now; zeros before its first
-    message (the baseline, with nothing computed)."""
+    message (the baseline, with nothing computed); None while messages are held for a
+    mirror not made yet (the model still unknown): their blocks are in no reading yet,
+    though the page may count their requests."""
     mirror = source.mirror
     if mirror is None:
+        with source.lock:
+            received = source.messages
+        if received:
+            return None
         return source.model_hint(), dict.fromkeys(names.KV_COMPUTED_PARTS, 0)
     snap = mirror.snapshot()
     return snap.model, snap.computed
@@ -110,14 +116,18 @@ class EventLedgers:
     def before_poll(self, target: str) -> dict[str, int] | None:
         """The stream's computed parts just before ``target``'s page is fetched."""
         source = self.sources.get(target)
-        return _computed(source)[1] if source is not None else None
+        got = _computed(source) if source is not None else None
+        return got[1] if got is not None else None
 
     def after_poll(self, target: str, before: dict[str, int] | None, now: float) -> None:
         """Sample ``target`` beside the page just read (``before``: ``before_poll``'s)."""
         source, mon = self.sources.get(target), self.monitors.get(target)
         if source is None or mon is None:
             return
-        model, computed = _computed(source)
+        reading = _computed(source)
+        if reading is None:
+            return
+        model, computed = reading
         got = _counters(mon, model) if model else None
         if got is None:
             return
