@@ -9,6 +9,8 @@ Real sockets and HTTP on 127.0.0.1, ports 0; every wait is bounded.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -47,9 +49,13 @@ def wait_for(check, seconds: float = 20.0, what: str = "") -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.integration
-def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> None:
-    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+@contextmanager
+def replicas_and_exporter(cfg: EngineConfig) -> Iterator[tuple[list[ReplicaServer],
+                                                               tuple[TargetConfig, ...],
+                                                               Exporter]]:
+    """Two simulated replicas publishing on free ports, and an exporter subscribed to both
+    (and polled once, so the ledger's baseline is there) before any request: PUB drops what
+    it sends before a subscription arrives."""
     sims = [ReplicaServer(Replica(cfg, index=i, kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
                           "127.0.0.1", 0) for i in range(2)]
     for s in sims:
@@ -61,13 +67,23 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
                                        listen_address="127.0.0.1:0"))
     exporter.start()
     try:
-        # Subscribed (and polled once, so the ledger's baseline is there) before any request:
-        # PUB drops what it sends before a subscription arrives.
         wait_for(lambda: all(value(scrape(exporter.port), "prefixwatch_kv_events_up",
                                    target=t.name) == 1.0 for t in targets),
                  what="both streams up")
-        wait_for(lambda: all(m.up for m in exporter.monitors), what="both targets polled")
-        time.sleep(1.0)
+        wait_for(lambda: all(exporter.kv_ledgers.span(t.name, None) is not None
+                             for t in targets), what="both ledgers' baselines")
+        time.sleep(1.0)  # the subscriptions reach the publishers
+        yield sims, targets, exporter
+    finally:
+        exporter.stop()
+        for s in sims:
+            s.stop()
+
+
+@pytest.mark.integration
+def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> None:
+    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+    with replicas_and_exporter(cfg) as (sims, targets, exporter):
         cached: dict[str, list[int]] = {"r0": [], "r1": []}
         for k in range(4):
             i = k % 2
@@ -117,10 +133,6 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
         # The landing page shows the streams and the ledger from them.
         page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
         assert "KV event streams" in page and "from the KV event" in page
-    finally:
-        exporter.stop()
-        for s in sims:
-            s.stop()
 
 
 @pytest.mark.integration
@@ -129,22 +141,7 @@ def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named()
     than the prompts' blocks. The exporter's ledger closes to the token (unexplained 0) with
     the generated tokens whose KV was computed as the output part, the engine's own count."""
     cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
-    sims = [ReplicaServer(Replica(cfg, index=i, kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
-                          "127.0.0.1", 0) for i in range(2)]
-    for s in sims:
-        s.start()
-    targets = tuple(TargetConfig(f"http://127.0.0.1:{s.port}/metrics", name=f"r{i}",
-                                 kv_events=s.replica.kv_publisher.endpoint)
-                    for i, s in enumerate(sims))
-    exporter = Exporter(ExporterConfig(targets=targets, interval=0.3,
-                                       listen_address="127.0.0.1:0"))
-    exporter.start()
-    try:
-        wait_for(lambda: all(value(scrape(exporter.port), "prefixwatch_kv_events_up",
-                                   target=t.name) == 1.0 for t in targets),
-                 what="both streams up")
-        wait_for(lambda: all(exporter.kv_ledgers.span(t.name, None) is not None
-                             for t in targets), what="both ledgers' baselines")
+    with replicas_and_exporter(cfg) as (sims, targets, exporter):
         truth = {t.name: {"prompt": 0, "cached": 0, "output": 0, "stored": 0, "requests": 0}
                  for t in targets}
         for k in range(8):
@@ -195,7 +192,3 @@ def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named()
                      part=names.LEDGER_OUTPUT) == sum(r["output"] for r in truth.values())
         page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
         assert "output " in page and "generated tokens" in page
-    finally:
-        exporter.stop()
-        for s in sims:
-            s.stop()
