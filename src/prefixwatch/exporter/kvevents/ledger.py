@@ -1,15 +1,15 @@
 """The ledger from the event source: the engines' counters beside the streams' parts.
 
 Each target's stream is sampled at each of its polls, beside the counters of the page just
-read (prompt tokens, cached tokens of every tier, generated tokens, finished requests, requests
-running): its mirror's computed parts are read before the page is fetched and shortly after it is
-read (``SETTLE_SECONDS``), and the later reading is kept with how far the stream moved in
-between. A span's ledger is the
-difference of two samples, so both sides cover the same stretch of time, and it starts when
-the exporter first saw both (what an engine did before its stream was followed is not in it).
-The span's edges bound what the two sides may differ by (``core/eventledger.py``): a block per
-request running at an edge, and what the stream stored while that edge's page was fetched.
-An engine restart (its counters fall) starts the target's history again.
+read (prompt tokens, cached tokens of every tier, generated tokens, finished requests,
+requests running): its mirror's computed parts are read before the page is fetched and
+shortly after it is read (``SETTLE_SECONDS``), and the later reading is kept with how far the
+stream moved in between. A span's ledger is the difference of two samples, so both sides
+cover the same stretch of time, and it starts when the exporter first saw both (what an
+engine did before its stream was followed is not in it). The span's edges bound what the two
+sides may differ by (``core/eventledger.py``): a block per request running at an edge, and
+what the stream stored while that edge's page was fetched. An engine restart (its counters
+fall) starts the target's history again.
 """
 
 from __future__ import annotations
