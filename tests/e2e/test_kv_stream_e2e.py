@@ -9,6 +9,8 @@ Real sockets and HTTP on 127.0.0.1, ports 0; every wait is bounded.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -47,9 +49,13 @@ def wait_for(check, seconds: float = 20.0, what: str = "") -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.integration
-def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> None:
-    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+@contextmanager
+def replicas_and_exporter(cfg: EngineConfig) -> Iterator[tuple[list[ReplicaServer],
+                                                               tuple[TargetConfig, ...],
+                                                               Exporter]]:
+    """Two simulated replicas publishing on free ports, and an exporter subscribed to both
+    (and polled once, so the ledger's baseline is there) before any request: PUB drops what
+    it sends before a subscription arrives."""
     sims = [ReplicaServer(Replica(cfg, index=i, kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
                           "127.0.0.1", 0) for i in range(2)]
     for s in sims:
@@ -61,13 +67,23 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
                                        listen_address="127.0.0.1:0"))
     exporter.start()
     try:
-        # Subscribed (and polled once, so the ledger's baseline is there) before any request:
-        # PUB drops what it sends before a subscription arrives.
         wait_for(lambda: all(value(scrape(exporter.port), "prefixwatch_kv_events_up",
                                    target=t.name) == 1.0 for t in targets),
                  what="both streams up")
-        wait_for(lambda: all(m.up for m in exporter.monitors), what="both targets polled")
-        time.sleep(1.0)
+        wait_for(lambda: all(exporter.kv_ledgers.span(t.name, None) is not None
+                             for t in targets), what="both ledgers' baselines")
+        time.sleep(1.0)  # the subscriptions reach the publishers
+        yield sims, targets, exporter
+    finally:
+        exporter.stop()
+        for s in sims:
+            s.stop()
+
+
+@pytest.mark.integration
+def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> None:
+    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+    with replicas_and_exporter(cfg) as (sims, targets, exporter):
         cached: dict[str, list[int]] = {"r0": [], "r1": []}
         for k in range(4):
             i = k % 2
@@ -117,7 +133,62 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
         # The landing page shows the streams and the ledger from them.
         page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
         assert "KV event streams" in page and "from the KV event" in page
-    finally:
-        exporter.stop()
-        for s in sims:
-            s.stop()
+
+
+@pytest.mark.integration
+def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named() -> None:
+    """Answers of 24 to 56 tokens: vLLM caches their blocks too, so the stream holds more
+    than the prompts' blocks. The exporter's ledger closes to the token (unexplained 0) with
+    the generated tokens whose KV was computed as the output part, the engine's own count."""
+    cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002)
+    with replicas_and_exporter(cfg) as (sims, targets, exporter):
+        truth = {t.name: {"prompt": 0, "cached": 0, "output": 0, "stored": 0, "requests": 0}
+                 for t in targets}
+        for k in range(8):
+            i, answer = k % 2, 24 + 8 * (k % 5)
+            prompt = SYSTEM + [9_000 + 100 * k + j for j in range(SUFFIX + 7 * k)]
+            r = requests.post(f"http://127.0.0.1:{sims[i].port}/v1/completions",
+                              json={"prompt": prompt, "max_tokens": answer}, timeout=10)
+            assert r.status_code == 200
+            usage = r.json()["usage"]
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            assert usage["completion_tokens"] == answer
+            row = truth[f"r{i}"]
+            row["prompt"] += len(prompt)
+            row["cached"] += cached
+            row["output"] += answer - 1  # the last sampled token is never fed back
+            row["stored"] += (len(prompt) + answer - 1) // BS - cached // BS
+            row["requests"] += 1
+            time.sleep(0.1)
+
+        def settled() -> bool:
+            for t, row in truth.items():
+                span = exporter.kv_ledgers.span(t, None)
+                if span is None or span.prompt != row["prompt"] or span.requests != 8 // 2:
+                    return False
+                if span.shares[names.LEDGER_OUTPUT] != row["output"]:
+                    return False
+            return True
+
+        wait_for(settled, what="every request finished and polled")
+        time.sleep(0.7)  # two more polls: the stream and the counters at rest
+        got = scrape(exporter.port)
+        for t, row in truth.items():
+            # The simulator stored each answer's blocks where vLLM does: the stream holds them.
+            assert value(got, "prefixwatch_kv_blocks_total", target=t, medium="GPU",
+                         op="stored") == row["stored"]
+            span = exporter.kv_ledgers.span(t, None)
+            assert span is not None
+            shares = span.shares
+            print(t, span.prompt, shares)
+            assert shares["unexplained"] == 0, shares
+            assert shares["achieved"] == row["cached"]
+            assert shares[names.LEDGER_OUTPUT] == row["output"]
+            assert 0 <= shares[names.LEDGER_TAIL] <= (BS - 1) * row["requests"]
+            assert sum(shares[p] for p in names.KV_LEDGER_SHARES) == span.prompt
+            assert all(shares[p] >= 0 for p in names.KV_LEDGER_SHARES), shares
+        model = cfg.model
+        assert value(got, "prefixwatch_ledger_tokens_total", model_name=model,
+                     part=names.LEDGER_OUTPUT) == sum(r["output"] for r in truth.values())
+        page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
+        assert "output " in page and "generated tokens" in page

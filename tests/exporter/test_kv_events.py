@@ -75,7 +75,7 @@ class Bench:
             wait_for(lambda i=i: value(self.exp.registry, "prefixwatch_kv_events_up",
                                        target=f"replica-{i}") == 1.0, what="subscribed")
         wait_for(lambda: all(m.up for m in self.exp.monitors), what="polled")
-        self.exp.tick()
+        self.exp.poll_round()  # polled and sampled: the ledger's baseline
 
     def replay(self) -> None:
         """Each message once the one before it is in: the engines' messages were seconds
@@ -93,7 +93,7 @@ class Bench:
         wait_for(lambda: all(m.last_polled != p and m.up
                              for m, p in zip(self.exp.monitors, polled, strict=True)),
                  what="the final pages polled")
-        self.exp.tick()
+        self.exp.poll_round()  # the final pages beside the stream, sampled
 
     def v(self, name: str, **labels: str) -> float | None:
         return value(self.exp.registry, name, **labels)

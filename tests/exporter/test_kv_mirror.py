@@ -133,7 +133,7 @@ def _check_against_the_ledger(monkeypatch) -> list[int]:
     from array import array
 
     from prefixwatch.core import kvmirror
-    from prefixwatch.core.ledger import layout_end_from
+    from prefixwatch.core.layout import layout_end_from
 
     answers: list[int] = []
     fast = kvmirror.layout_end_packed

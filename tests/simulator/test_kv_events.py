@@ -383,3 +383,39 @@ def test_offload_a_host_load_stores_the_system_prompt_on_the_device_again(offloa
     ours = gpu_stores_of_prompt(mine, served + 1)
     rec = gpu_stores_of_prompt(theirs, served + 2)
     assert [ours[n] for n in system] == [rec[n] for n in system] == [2] * 150
+
+
+class _Batches:
+    """Where a replica's batches go, kept in order (``KVEvents`` takes any publisher)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list] = []
+
+    def publish(self, events: list) -> None:
+        self.batches.append(events)
+
+    def restart(self) -> None:
+        self.batches.clear()
+
+
+def test_answer_blocks_are_stored_as_vllm_caches_them() -> None:
+    """vLLM caches every full block within a request's first prompt + generated - 1 tokens
+    (the last sampled token is never fed back), answers' blocks included, one store per
+    step a block fills, each chained to the block before it (block_pool.cache_full_blocks)."""
+    engine = Engine(EngineConfig(block_size=BLOCK, num_blocks=64, time_per_output_token=0.01),
+                    clock=VirtualClock())
+    out = _Batches()
+    sink = KVEventSink(BLOCK, seed=7)
+    engine.attach_kv_events(KVEvents(sink, out))
+    prompt = list(range(100, 140))  # 2 full blocks and 8 tokens
+    req = engine.submit(prompt, 40)
+    engine.run_until_idle(step=0.005)
+    stored = [e for batch in out.batches for e in batch if type(e).__name__ == "BlockStored"]
+    tokens = [t for e in stored for t in e.token_ids]
+    full = (len(prompt) + len(req.output) - 1) // BLOCK
+    assert len(req.output) == 40 and full == 4
+    assert tokens == (prompt + req.output)[:full * BLOCK]
+    # The prompt's two blocks in one store at its prefill, then one store per answer block.
+    assert [len(e.block_hashes) for e in stored] == [2, 1, 1]
+    for before, after in zip(stored, stored[1:], strict=False):
+        assert after.parent_block_hash == before.block_hashes[-1]

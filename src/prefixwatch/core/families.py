@@ -74,6 +74,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("prompt_tokens_cached", names.OUT_PROMPT_TOKENS_CACHED, {
         VLLM_V1: "vllm:prompt_tokens_cached_total", SGLANG: "sglang:cached_tokens_total"},
         extra=names.L_TIER),
+    Family("generation_tokens", names.OUT_GENERATION_TOKENS, {
+        **_same("vllm:generation_tokens_total", *_VLLM), SGLANG: "sglang:generation_tokens_total"}),
     Family("preemptions", names.OUT_PREEMPTIONS, _same("vllm:num_preemptions_total", *_VLLM)),
     Family("ttft", names.OUT_TTFT, {
         **_same("vllm:time_to_first_token_seconds", *_VLLM),

@@ -28,7 +28,6 @@ not ``measured`` (it stays in ``unexplained``); without a pool size, ``pool_reac
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -36,13 +35,14 @@ from typing import TYPE_CHECKING
 
 from prefixwatch.core import names
 from prefixwatch.core.cacherule import cached_tokens_for
-from prefixwatch.core.prefixindex import Divergence, Entry, Node, PrefixIndex, RequestResult
+from prefixwatch.core.layout import LAYOUT_SPAN, layout_end
+from prefixwatch.core.prefixindex import Divergence, Entry, PrefixIndex, RequestResult
 
 if TYPE_CHECKING:
     from prefixwatch.core.blockcache import BlockPool
 
-#: The longest varying span (tokens) a layout fix is credited for: a date, an id, a name.
-LAYOUT_SPAN = 64
+__all__ = ["COUNTED", "LAYOUT_SPAN", "SHARES", "Ledger", "Parts", "ratios", "shares", "table"]
+
 #: Ledger parts as counters (``prompt`` and ``pool_reach`` close the identity), and the shares
 #: of the prompt tokens in the order a table prints them (they sum to 1).
 COUNTED: tuple[str, ...] = names.LEDGER_COUNTED
@@ -281,197 +281,4 @@ def table(parts: Parts, achieved: int | None, unmeasured: Sequence[str]) -> list
     else:
         row("unexplained", parts.pool_reach - achieved,
             "pool_reach - achieved: preemption, another pool size, unlogged traffic")
-    return rows
-
-
-def layout_end(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int) -> int:
-    """Where the identical run after a short varying span ends (0: no such run).
-
-    ``q`` was just added to ``index`` and left the earlier requests at token ``d``: its
-    closest earlier sibling is the most recent other branch there. A span of at most
-    ``LAYOUT_SPAN`` tokens on either side may differ; then both must agree for a full block.
-
-    Only the sibling's first ``LAYOUT_SPAN`` + one block of tokens are copied (the needle
-    search); the identical run after them is measured along the trie's own edges, with
-    slices of ``q`` in the edges' type (a list in the audit, an ``array('I')`` in a window),
-    since slices of different types never compare equal.
-    """
-    bs, n = index.bs, len(q)
-    if n - d < bs + 1:
-        return 0
-    first = _sibling(index, q, extra_keys, d)
-    if first is None:
-        return 0
-    return layout_end_from(_like(index, q), d, first, d, bs)
-
-
-def layout_end_from(q: Sequence[int], d: int, first: Node, depth: int, bs: int) -> int:
-    """``layout_end`` against a known sibling path: ``q[d:]`` leaves the path that starts with
-    node ``first`` at the path's absolute token ``depth`` (inside ``first``'s edge, or at its
-    start); returns the index in ``q`` where the identical run ends, 0 without one.
-
-    Any node with ``edge`` (its tokens), ``end`` (absolute depth after the edge) and
-    insertion-ordered ``children`` will do: the trie's nodes, or the KV event mirror's blocks
-    (``core/kvmirror.py``). ``q`` must hold tokens in the edges' sequence type (an
-    ``array('I')`` for packed edges, a list for lists): slices of two types never compare
-    equal."""
-    if len(q) - d < bs + 1:
-        return 0
-    skip = depth - (first.end - len(first.edge))
-    head = _head(first, skip + LAYOUT_SPAN + bs)[skip:]
-    if len(head) < bs:
-        return 0
-    starts = q[d:d + LAYOUT_SPAN + 1]
-    seen = set(head)  # a block can only start on a token the sibling has: most never do
-    if seen.isdisjoint(starts):
-        return 0
-    mine = array("I", q[d:d + LAYOUT_SPAN + bs])
-    hay = head.tobytes()
-    for s in [s for s, t in enumerate(starts) if t in seen]:
-        if s + bs > len(mine):
-            break
-        needle = mine[s:s + bs].tobytes()
-        at = hay.find(needle)
-        while at != -1 and at % 4:
-            at = hay.find(needle, at + 1)
-        if at == -1 or at // 4 > LAYOUT_SPAN:
-            continue
-        t = at // 4
-        run = _run(q, d + s + bs, first, depth + t + bs)
-        return d + s + bs + run
-    return 0
-
-
-def _like(index: PrefixIndex, q: Sequence[int]) -> Sequence[int]:
-    """``q`` as the index's edges hold tokens (usually already so: no copy)."""
-    if index.packed:
-        return q if isinstance(q, array) and q.typecode == "I" else array("I", q)
-    return q if type(q) is list else list(q)
-
-
-def _common(a: Sequence[int], i: int, b: Sequence[int], j: int) -> int:
-    """Length of the common run of ``a[i:]`` and ``b[j:]`` (same sequence type), doubling
-    then halving."""
-    m = min(len(a) - i, len(b) - j)
-    lo, step = 0, 16
-    while lo < m:
-        hi = min(lo + step, m)
-        if a[i + lo:i + hi] != b[j + lo:j + hi]:
-            break
-        lo, step = hi, step * 2
-    else:
-        return max(m, 0)
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if a[i + lo:i + mid] == b[j + lo:j + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _sibling(index: PrefixIndex, q: Sequence[int], extra_keys: Hashable, d: int
-             ) -> Node | None:
-    """The first node of the most recent earlier request that leaves ``q`` at ``d`` (the
-    trie's most recent other branch at the divergence; its edge starts at depth ``d``)."""
-    node = index.roots.get(extra_keys)
-    if node is None:
-        return None
-    while node.end < d:
-        child = node.children.get(q[node.end])
-        if child is None or child.end > d:
-            return None  # no node boundary at d: the request was not added here
-        node = child
-    mine = q[d] if d < len(q) else None
-    for key in reversed(node.children):
-        if key != mine:
-            return node.children[key]
-    return None
-
-
-def _head(node: Node, want: int) -> array:
-    """The first ``want`` tokens of the sibling path from ``node`` (most recent children)."""
-    out = array("I")
-    while True:
-        out.extend(node.edge[:want - len(out)])
-        if len(out) >= want or not node.children:
-            return out
-        node = next(reversed(node.children.values()))
-
-
-def _run(q: Sequence[int], i: int, node: Node, depth: int) -> int:
-    """The common run of ``q[i:]`` and the sibling path (from ``node``, most recent children)
-    read from absolute ``depth`` on, compared edge by edge without copying the path."""
-    while depth >= node.end:  # down to the edge that holds ``depth``
-        if not node.children:
-            return 0
-        node = next(reversed(node.children.values()))
-    run, n = 0, len(q)
-    while i < n:
-        edge = node.edge
-        off = depth - (node.end - len(edge))
-        k = _common(q, i, edge, off)
-        run, i, depth = run + k, i + k, depth + k
-        if depth < node.end or not node.children:
-            return run  # a difference inside this edge, or the sibling ends
-        node = next(reversed(node.children.values()))
-    return run
-
-
-# -- The event source: the same ledger from the engines' KV event streams ----------------------
-
-#: The event ledger's counted parts and its shares, in the order a table prints them. The
-#: counters keep the request ledger's identity (prompt = novel + layout + routing + eviction +
-#: pool_reach, so rules written for it stay true) with ``pool_reach`` = achieved + tail +
-#: unexplained, and count the tail on its own as well; the shares name the tail as a part.
-EVENT_COUNTED: tuple[str, ...] = ("prompt", "novel", "layout", "routing", "eviction",
-                                  names.LEDGER_TAIL, "pool_reach")
-EVENT_SHARES: tuple[str, ...] = names.KV_LEDGER_SHARES
-
-
-def event_shares(prompt: int, achieved: int, computed: dict[str, int], requests: int | None,
-                 block_size: int) -> dict[str, int]:
-    """The ledger of a span from the event source, in tokens, summing to ``prompt``.
-
-    ``prompt`` and ``achieved`` (cached tokens, every tier) are the engines' own counters over
-    the span; ``computed`` the event stream's computed tokens by part (whole device blocks).
-    What is left, ``prompt - achieved - computed``, is the tokens no full block covers (the
-    ``tail`` of each prompt, at most ``block_size - 1`` per request) and, past that bound or
-    below 0, ``unexplained`` (lost messages, a stream that started mid-request, preemption)."""
-    residual = prompt - achieved - sum(computed.get(p, 0) for p in names.KV_COMPUTED_PARTS)
-    bound = residual if requests is None else (block_size - 1) * max(requests, 0)
-    tail = min(max(residual, 0), max(bound, 0))
-    out = {"achieved": achieved}
-    out.update({p: computed.get(p, 0) for p in names.KV_COMPUTED_PARTS})
-    out[names.LEDGER_TAIL] = tail
-    out["unexplained"] = residual - tail
-    return out
-
-
-def event_counted(shares_: dict[str, int], prompt: int) -> dict[str, int]:
-    """The counters of ``EVENT_COUNTED`` from ``event_shares``: pool_reach = achieved + tail +
-    unexplained (what no computed full block explains), so prompt = novel + layout + routing +
-    eviction + pool_reach as in the request ledger; the tail is also counted on its own."""
-    out = {"prompt": prompt}
-    out.update({p: shares_[p] for p in ("novel", "layout", "routing", "eviction",
-                                         names.LEDGER_TAIL)})
-    out["pool_reach"] = shares_["achieved"] + shares_[names.LEDGER_TAIL] + shares_["unexplained"]
-    return out
-
-
-def event_table(shares_: dict[str, int], prompt: int) -> list[str]:
-    """The event ledger as text rows, as ``table`` prints the request ledger."""
-    notes = {"achieved": "the engines' cached tokens (every tier)",
-             "eviction": "this replica held it, then removed it",
-             "routing": "another replica held it",
-             "layout": "a prompt-layout fix would share it",
-             "novel": "no replica held it",
-             names.LEDGER_TAIL: "tails shorter than a block (never cached)",
-             "unexplained": "lost messages, preemption, a stream started mid-way"}
-    rows = [f"{'PART':<12} {'TOKENS':>12} {'SHARE':>7}", f"{'prompt':<12} {prompt:>12} "
-            f"{(1.0 if prompt else 0.0):7.1%}"]
-    for part in EVENT_SHARES:
-        v = shares_[part]
-        share = f"{v / prompt:7.1%}" if prompt else f"{'-':>7}"
-        rows.append(f"{part:<12} {v:>12} {share}  {notes[part]}")
     return rows

@@ -81,6 +81,9 @@ OUT_EXT_HITS = OutMetric(
 OUT_PROMPT_TOKENS = OutMetric(
     "prefixwatch_prompt_tokens", "counter",
     "Prompt (prefill) tokens processed.", _SERIES)
+OUT_GENERATION_TOKENS = OutMetric(
+    "prefixwatch_generation_tokens", "counter",
+    "Generated (output) tokens, counted per engine step as they are sampled.", _SERIES)
 OUT_PREEMPTIONS = OutMetric(
     "prefixwatch_preemptions", "counter",
     "Requests preempted because the KV-cache pool was full.", _SERIES)
@@ -311,8 +314,9 @@ OUT_KV_COMPUTED = OutMetric(
     "Tokens of the device blocks the target computed (stored, no lower tier supplied them), by "
     "why: eviction (this replica held the content before and removed it), routing (another "
     "replica holds it), layout (the same text as an earlier chain after a short divergence), "
-    "novel (the rest); and tail, the prompt tokens no full block covers (never cached), from "
-    "the engine's prompt counter beside the stream.", (L_TARGET, L_MODEL, L_PART))
+    "novel (the rest, answers' blocks included); and tail, the tokens of each request's last "
+    "partial block (never cached), from the engine's counters beside the stream.",
+    (L_TARGET, L_MODEL, L_PART))
 OUT_KV_LOADED = OutMetric(
     "prefixwatch_kv_loaded_tokens", "counter",
     "Tokens of the device blocks a lower tier of the target supplied, by that tier's medium.",
@@ -332,6 +336,9 @@ KV_BLOCK_OPS: tuple[str, ...] = ("stored", "removed")
 #: The ledger part of the prompt tokens no full block covers (a tail shorter than a block),
 #: which the event stream never shows: the event ledger's own named part.
 LEDGER_TAIL = "tail"
+#: The event ledger's generated tokens whose KV the engine computed (one fewer per finished
+#: request than it sampled): cached in the answers' blocks, named beside the prompt's parts.
+LEDGER_OUTPUT = "output"
 #: The parts of prefixwatch_kv_computed_tokens_total: the stream's four, and the tail.
 KV_COMPUTED_SERIES_PARTS: tuple[str, ...] = (*KV_COMPUTED_PARTS, LEDGER_TAIL)
 #: Shares of the event ledger (they sum to 1): the request ledger's, with the tail.

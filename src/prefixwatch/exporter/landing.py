@@ -13,7 +13,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from prefixwatch.core import settings
-from prefixwatch.core.ledger import event_table
+from prefixwatch.core.eventledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width

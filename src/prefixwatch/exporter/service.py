@@ -32,7 +32,7 @@ from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
-from prefixwatch.exporter.kvevents.ledger import EventLedgers
+from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
@@ -100,7 +100,7 @@ class Exporter:
         schedule (``_schedule``) and ticks on the interval."""
         started = time.monotonic()
         with ThreadPoolExecutor(self._workers, thread_name_prefix="poll") as pool:
-            list(pool.map(lambda m: m.poll(), self.monitors))
+            list(pool.map(self._poll, self.monitors))
         self.tick(started)
         return time.monotonic() - started
 
@@ -108,10 +108,6 @@ class Exporter:
         """Recompute the diagnosis from the latest polls and run the after-round hooks."""
         started = time.monotonic() if started is None else started
         self.rounds += 1
-        try:
-            self.kv_ledgers.sample(time.time())
-        except Exception:  # a bug in the event ledger must not stop the polling
-            log.exception("kv event ledger failed")
         try:
             self.update_diagnosis(time.time())
         except Exception:  # a bug in a rule must not stop the polling
@@ -242,10 +238,21 @@ class Exporter:
             if mon is None or self._stop.is_set():
                 return
             try:
-                mon.poll()
+                self._poll(mon)
             finally:
                 with self._busy_lock:
                     self._busy.discard(mon.name)
+
+    def _poll(self, mon: TargetMonitor) -> None:
+        """Poll one target, and sample its event ledger beside the page just read."""
+        before = self.kv_ledgers.before_poll(mon.name)
+        mon.poll()
+        if before is not None:
+            self._stop.wait(SETTLE_SECONDS)
+        try:
+            self.kv_ledgers.after_poll(mon.name, before, time.time())
+        except Exception:  # a bug in the event ledger must not stop the polling
+            log.exception("kv event ledger failed")
 
     def healthy(self) -> tuple[bool, str]:
         """False when no target was polled (whatever the outcome) within a few intervals:

@@ -190,7 +190,7 @@ class EventLedgerStatus:
         self.exporter.poll_round()  # the baseline: the counters as the streams start
 
     def finish(self) -> list[str]:
-        from prefixwatch.core.ledger import event_table
+        from prefixwatch.core.eventledger import event_table
 
         exp = self.exporter
         try:

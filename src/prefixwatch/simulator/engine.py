@@ -59,6 +59,8 @@ class SimRequest:
     cached_tokens: int = 0  # every tier, as the OpenAI usage field reports it
     external_cached_tokens: int = 0  # of which loaded from the host tier
     num_preemptions: int = 0
+    #: Output tokens the metrics have counted (vLLM counts them per step, as sampled).
+    counted_output: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     decode_started: float | None = None
@@ -225,6 +227,7 @@ class Engine:
                 continue
             target = min(req.max_tokens,
                          1 + int((now - req.decode_started) / cfg.time_per_output_token))
+            before = len(req.output)
             while len(req.output) < target:
                 # The KV of all but the newest token is computed: grow the block table.
                 computed = len(req.prompt) + len(req.output)
@@ -236,6 +239,8 @@ class Engine:
                     req.blocks += pool.allocate(1)
                 req.output.append(self._next_token(req))
                 self._cache_full_blocks(req)
+            if len(req.output) > before:
+                self.stats.emit("generated", req)
             if req in self.running and len(req.output) >= req.max_tokens:
                 finished = req.decode_started + (req.max_tokens - 1) * cfg.time_per_output_token
                 self._finish(req, max(finished, req.first_token_at or now), "length")

@@ -122,7 +122,15 @@ class PageMetrics:
         else:
             self._sglang_event(event, req)
 
+    def _generated(self, req: SimRequest, family: str) -> None:
+        """The output tokens sampled since the last count (vLLM counts them per step)."""
+        new = len(req.output) - req.counted_output
+        if new > 0:
+            self._l(family).inc(new)
+            req.counted_output = len(req.output)
+
     def _vllm_event(self, event: str, req: SimRequest) -> None:
+        self._generated(req, "vllm:generation_tokens")
         if event == "preempted":
             self._l("vllm:num_preemptions").inc()
             return
@@ -141,8 +149,6 @@ class PageMetrics:
                 self._l("vllm:external_prefix_cache_hits").inc(ext)
                 self._l("vllm:prompt_tokens_by_source", source="external_kv_transfer").inc(ext)
                 self._l("vllm:prompt_tokens_cached_by_source", source="host").inc(ext)
-            self._l("vllm:request_prompt_tokens").observe(n)
-            self._l("vllm:request_prefill_kv_computed_tokens").observe(n - hit - ext)
             self._l("vllm:iteration_tokens_total").observe(n - hit - ext)
             if req.first_token_at is not None:
                 self._l("vllm:time_to_first_token_seconds").observe(
@@ -152,7 +158,10 @@ class PageMetrics:
                     req.scheduled_at - req.arrival)
         elif event == "finished":
             out = len(req.output)
-            self._l("vllm:generation_tokens").inc(out)
+            # Observed when the request finishes, as vLLM's FinishedRequestStats are.
+            self._l("vllm:request_prompt_tokens").observe(req.num_prompt_tokens)
+            self._l("vllm:request_prefill_kv_computed_tokens").observe(
+                req.num_prompt_tokens - req.cached_tokens)
             self._l("vllm:request_success", finished_reason=req.finish_reason or "length").inc()
             self._l("vllm:request_generation_tokens").observe(out)
             self._l("vllm:request_max_num_generation_tokens").observe(req.max_tokens)
@@ -179,6 +188,7 @@ class PageMetrics:
             self._l("vllm:kv_block_reuse_gap_seconds").observe(gap)
 
     def _sglang_event(self, event: str, req: SimRequest) -> None:
+        self._generated(req, "sglang:generation_tokens")
         if event == "scheduled" and req.num_preemptions == 0:
             self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
             device = req.cached_tokens - req.external_cached_tokens
@@ -192,7 +202,6 @@ class PageMetrics:
                 self._l("sglang:time_to_first_token_seconds").observe(
                     req.first_token_at - req.arrival)
         elif event == "finished":
-            self._l("sglang:generation_tokens").inc(len(req.output))
             self._l("sglang:num_requests").inc()
 
     # -- the page ------------------------------------------------------------------------------

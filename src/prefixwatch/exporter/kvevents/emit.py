@@ -83,7 +83,7 @@ def add_ledger_families(family, ledgers, windows: dict[str, float]) -> set[str]:
     """The ledger families (prefixwatch_ledger_*) of every model with an event source: its
     counters since the exporter followed the streams, its shares per window; returns those
     models (the request log's ledger stands aside for them)."""
-    from prefixwatch.core.ledger import EVENT_COUNTED, event_counted
+    from prefixwatch.core.eventledger import EVENT_COUNTED, event_counted
 
     models = ledgers.models()
     tokens = family(names.OUT_LEDGER_TOKENS)

@@ -1,10 +1,15 @@
 """The ledger from the event source: the engines' counters beside the streams' parts.
 
-At every tick each source with a mirror is sampled together with its target's lifetime
-counters (prompt tokens, cached tokens of every tier, requests); a span's ledger is the
-difference of two samples, so both sides cover the same stretch of time, and it starts when
-the exporter first saw both (what an engine did before its stream was followed is not in it).
-An engine restart (its counters fall) starts the target's history again.
+Each target's stream is sampled at each of its polls, beside the counters of the page just
+read (prompt tokens, cached tokens of every tier, generated tokens, finished requests,
+requests running): its mirror's computed parts are read before the page is fetched and
+shortly after it is read (``SETTLE_SECONDS``), and the later reading is kept with how far the
+stream moved in between. A span's ledger is the difference of two samples, so both sides
+cover the same stretch of time, and it starts when the exporter first saw both (what an
+engine did before its stream was followed is not in it). The span's edges bound what the two
+sides may differ by (``core/eventledger.py``): a block per request running at an edge, and
+what the stream stored while that edge's page was fetched. An engine restart (its counters
+fall) starts the target's history again.
 """
 
 from __future__ import annotations
@@ -15,18 +20,36 @@ from collections import deque
 from dataclasses import dataclass
 
 from prefixwatch.core import names
-from prefixwatch.core.ledger import event_shares
+from prefixwatch.core.eventledger import event_shares
 from prefixwatch.exporter.kvevents.source import KvSource
 from prefixwatch.exporter.monitor import TargetMonitor
+
+#: How long after a page is read its target's stream is read again: the engine publishes a
+#: step's events after the step that moved its counters, and the batch crosses a socket and a
+#: thread, so a page can show a request whose blocks have not reached the mirror yet. Read a
+#: little later, the stream is ahead of the page instead, by at most what it stored since the
+#: reading before the fetch, which bounds the span's edges.
+SETTLE_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One model's lifetime counters on a target, as its last page gave them."""
+
+    prompt: float
+    cached: float
+    requests: float  # finished (vLLM observes the prompt-length histogram at the finish)
+    generated: float | None  # None: the engine has no generation counter
+    running: float
 
 
 @dataclass(frozen=True)
 class Sample:
     at: float
-    prompt: float
-    cached: float
-    requests: float
+    counters: Counters
     computed: dict[str, int]
+    #: Tokens the stream stored while the page was fetched (its two readings' difference).
+    moved: int
 
 
 @dataclass(frozen=True)
@@ -38,8 +61,8 @@ class Span:
     shares: dict[str, int]
 
 
-def _counters(mon: TargetMonitor, model: str) -> tuple[float, float, float] | None:
-    """Lifetime (prompt, cached every tier, requests) of one model on a target, or None."""
+def _counters(mon: TargetMonitor, model: str) -> Counters | None:
+    """One model's lifetime counters on a target, or None."""
     with mon.lock:
         if not mon.up:
             return None
@@ -48,12 +71,35 @@ def _counters(mon: TargetMonitor, model: str) -> tuple[float, float, float] | No
             return None
         cached = (sum(figures.lifetime_tiers.values()) if figures.lifetime_tiers
                   else figures.lifetime_hits)
-        requests = 0.0
+        requests = running = 0.0
+        generated: float | None = None
         for (m, _engine), state in mon.series.items():
-            hist = state.values.histograms.get("prompt_len") if m == model else None
+            if m != model:
+                continue
+            values = state.values
+            hist = values.histograms.get("prompt_len")
             if hist is not None:
                 requests += hist.count
-        return figures.lifetime_queries, cached, requests
+            if "generation_tokens" in values.counters:
+                generated = (generated or 0.0) + values.counters["generation_tokens"]
+            running += values.gauges.get("running", 0.0)
+        return Counters(figures.lifetime_queries, cached, requests, generated, running)
+
+
+def _computed(source: KvSource) -> tuple[str | None, dict[str, int]] | None:
+    """(model, computed tokens by part) of a source's mirror now; zeros before its first
+    message (the baseline, with nothing computed); None while messages are held for a
+    mirror not made yet (the model still unknown): their blocks are in no reading yet,
+    though the page may count their requests."""
+    mirror = source.mirror
+    if mirror is None:
+        with source.lock:
+            received = source.messages
+        if received:
+            return None
+        return source.model_hint(), dict.fromkeys(names.KV_COMPUTED_PARTS, 0)
+    snap = mirror.snapshot()
+    return snap.model, snap.computed
 
 
 class EventLedgers:
@@ -67,38 +113,44 @@ class EventLedgers:
         self._first: dict[str, Sample] = {}
         self._written: dict[str, dict[str, int]] = {}
 
-    def sample(self, now: float) -> None:
-        for name, source in self.sources.items():
-            mon = self.monitors.get(name)
-            mirror = source.mirror
-            if mon is None:
-                continue
-            if mirror is None:  # nothing received yet: the baseline, with nothing computed
-                model = source.model_hint()
-                computed = dict.fromkeys(names.KV_COMPUTED_PARTS, 0)
-            else:
-                snap = mirror.snapshot()
-                model, computed = snap.model, snap.computed
-            got = _counters(mon, model) if model else None
-            if got is None:
-                continue
-            sample = Sample(now, *got, computed)
-            with self.lock:
-                ring = self._history.setdefault(name, deque())
-                restarted = bool(ring) and sample.prompt < ring[-1].prompt
-                if restarted:  # the engine restarted
-                    ring.clear()
-                    self._first.pop(name, None)
-                ring.append(sample)
-                self._first.setdefault(name, sample)
-                while len(ring) > 2 and ring[1].at < now - self.horizon:
-                    ring.popleft()
-            span = self.span(name, None)
-            tail = span.shares[names.LEDGER_TAIL] if span is not None else 0
-            # The tail part of the target's computed-token counter: since the first sample,
-            # never going down while the engine runs (the stream and the counters are read at
-            # different moments), back to 0 when it restarts (a counter reset).
-            source.tail_tokens = tail if restarted else max(source.tail_tokens, tail)
+    def before_poll(self, target: str) -> dict[str, int] | None:
+        """The stream's computed parts just before ``target``'s page is fetched."""
+        source = self.sources.get(target)
+        got = _computed(source) if source is not None else None
+        return got[1] if got is not None else None
+
+    def after_poll(self, target: str, before: dict[str, int] | None, now: float) -> None:
+        """Sample ``target`` beside the page just read (``before``: ``before_poll``'s)."""
+        source, mon = self.sources.get(target), self.monitors.get(target)
+        if source is None or mon is None:
+            return
+        reading = _computed(source)
+        if reading is None:
+            return
+        model, computed = reading
+        got = _counters(mon, model) if model else None
+        if got is None:
+            return
+        moved = sum(computed.values()) - sum((before or computed).values())
+        self._add(target, source, Sample(now, got, computed, max(moved, 0)))
+
+    def _add(self, name: str, source: KvSource, sample: Sample) -> None:
+        with self.lock:
+            ring = self._history.setdefault(name, deque())
+            restarted = bool(ring) and sample.counters.prompt < ring[-1].counters.prompt
+            if restarted:  # the engine restarted
+                ring.clear()
+                self._first.pop(name, None)
+            ring.append(sample)
+            self._first.setdefault(name, sample)
+            while len(ring) > 2 and ring[1].at < sample.at - self.horizon:
+                ring.popleft()
+        span = self.span(name, None)
+        tail = span.shares[names.LEDGER_TAIL] if span is not None else 0
+        # The tail part of the target's computed-token counter: since the first sample,
+        # never going down while the engine runs (the stream and the counters are read at
+        # different moments), back to 0 when it restarts (a counter reset).
+        source.tail_tokens = tail if restarted else max(source.tail_tokens, tail)
 
     def models(self) -> dict[str, list[str]]:
         """model -> the targets whose event ledger has at least one sample."""
@@ -128,18 +180,21 @@ class EventLedgers:
                     start = s
         mirror = self.sources[target].mirror
         bs = mirror.block_size if mirror is not None else 16
-        prompt = round(last.prompt - start.prompt)
-        requests = round(last.requests - start.requests)
+        a, b = start.counters, last.counters
+        prompt = round(b.prompt - a.prompt)
+        requests = round(b.requests - a.requests)
+        output = (0 if a.generated is None or b.generated is None
+                  else round(b.generated - a.generated) - requests)
         computed = {p: last.computed[p] - start.computed[p] for p in names.KV_COMPUTED_PARTS}
+        edges = (bs * round(a.running) + last.moved, bs * round(b.running) + start.moved)
         return Span(prompt, requests, event_shares(
-            prompt, round(last.cached - start.cached), computed, requests, bs))
+            prompt, round(b.cached - a.cached), computed, requests, bs, output, edges))
 
     def counters(self, model: str, counted: dict[str, int]) -> dict[str, int]:
         """The model's ledger counters as written: each never lower than it was. The stream
-        and the engines' counters are read at different moments, and blocks of generated
-        tokens (vLLM caches those too) can make the stream's parts outgrow the prompt's for a
-        while, so ``pool_reach`` (and the tail) can dip; a counter that fell would read as a
-        reset, and a rate over it as a burst of the whole value."""
+        and the engines' counters move at different moments (requests in flight at the
+        span's edges), so ``pool_reach`` and the tail can dip for a while; a counter that
+        fell would read as a reset, and a rate over it as a burst of the whole value."""
         with self.lock:
             written = self._written.setdefault(model, {})
             for part, n in counted.items():
