@@ -239,8 +239,7 @@ def run_exporter(args: argparse.Namespace) -> int:
     if config.otlp_endpoint:
         from prefixwatch.exporter.otlp import OtlpBridge
 
-        bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint, state=exporter.state,
-                            kv_sources=exporter.kv.all_sources)
+        bridge = OtlpBridge(exporter.collector, config.otlp_endpoint)
         exporter.round_listeners.append(bridge.export)
         log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
     try:

@@ -74,7 +74,7 @@ def test_otlp_export_carries_counters_and_ratios(receiver: Receiver, page_server
                          listen_address="127.0.0.1:0", windows=("1m",),
                          otlp_endpoint=receiver.endpoint)
     exporter = Exporter(cfg)
-    bridge = OtlpBridge(exporter.monitors, receiver.endpoint, timeout=5, state=exporter.state)
+    bridge = OtlpBridge(exporter.collector, receiver.endpoint, timeout=5)
     exporter.round_listeners.append(bridge.export)
     try:
         page_server.serve(with_counters(vllm_page, 1000, 800))
@@ -115,7 +115,7 @@ def test_otlp_failure_does_not_stop_polling(page_server: PageServer, vllm_page: 
     cfg = ExporterConfig(targets=name_targets([TargetConfig(page_server.url)]),
                          listen_address="127.0.0.1:0", windows=("1m",))
     exporter = Exporter(cfg)
-    bridge = OtlpBridge(exporter.monitors, f"http://127.0.0.1:{free_port()}", timeout=1)
+    bridge = OtlpBridge(exporter.collector, f"http://127.0.0.1:{free_port()}", timeout=1)
     exporter.round_listeners.append(bridge.export)
     page_server.serve(vllm_page)
     exporter.poll_round()

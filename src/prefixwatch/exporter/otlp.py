@@ -1,10 +1,12 @@
 """OTLP/HTTP export of the same families /metrics shows, through opentelemetry-sdk's exporter.
 
-After each poll round the bridge collects the exporter's own families (exporter/collector.py,
-so OTLP can never show another number or miss a family of the table) and sends them as one
-OTLP request: each target is its own OpenTelemetry *resource* (``service.name=prefixwatch``,
-``prefixwatch.target=<target>``) holding the samples labelled with that target, the label
-itself dropped. Counters become cumulative monotonic sums (started at the engine's
+After each poll round the bridge collects the exporter's own collector (exporter/collector.py:
+the families /metrics shows, the event ledger's and the request view's among them, so OTLP can
+never show another number or miss a family) and sends them as one OTLP request: each target is
+its own OpenTelemetry *resource* (``service.name=prefixwatch``, ``prefixwatch.target=<target>``)
+holding the samples labelled with that target, the label itself dropped; the samples of no
+target (the fleet's ratios, the ledger, the request log, the build) go in the exporter's own
+resource, last. Counters become cumulative monotonic sums (started at the engine's
 ``_created`` time when it has one), histograms explicit-bucket histograms, gauges and info
 families gauges; units follow Prometheus' suffix convention (``_seconds`` s, ``_ratio`` 1).
 """
@@ -15,7 +17,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics.export import (
@@ -37,9 +38,7 @@ from prometheus_client.core import Metric as PromMetric
 
 from prefixwatch.core import names
 from prefixwatch.core.version import __version__
-from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
-from prefixwatch.exporter.kvevents import KvSource
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.collector import PrefixwatchCollector
 
 log = logging.getLogger("prefixwatch.otlp")
 
@@ -62,31 +61,29 @@ def unit_of(name: str) -> str:
 
 
 class OtlpBridge:
-    def __init__(self, monitors: Iterable[TargetMonitor], endpoint: str,
-                 timeout: float = 10.0, state: DiagnosisState | None = None,
-                 kv_sources: Callable[[], list[KvSource]] | None = None) -> None:
+    """Sends what ``collector`` (the exporter's own, the one /metrics serves) yields."""
+
+    def __init__(self, collector: PrefixwatchCollector, endpoint: str,
+                 timeout: float = 10.0) -> None:
         self.endpoint = metrics_endpoint(endpoint)
         self.timeout = timeout
-        self.monitors = list(monitors)
-        self.collector = PrefixwatchCollector(self.monitors, {}, state)
-        self.collector.kv_sources = kv_sources
-        self._resources = {mon.name: Resource.create({
-            "service.name": "prefixwatch",
-            "service.version": __version__,
-            "service.instance.id": socket.gethostname(),
-            "prefixwatch.target": mon.name,
-            "url.full": mon.target.display_url,
-        }) for mon in self.monitors}
+        self.collector = collector
+        own = {"service.name": "prefixwatch", "service.version": __version__,
+               "service.instance.id": socket.gethostname()}
+        self._resources: dict[str | None, Resource] = {mon.name: Resource.create({
+            **own, "prefixwatch.target": mon.name, "url.full": mon.target.display_url,
+        }) for mon in collector.monitors}
+        self._resources[None] = Resource.create(own)
         self._exporter = OTLPMetricExporter(endpoint=self.endpoint, timeout=timeout)
         self._failing = False
 
     def metrics_data(self, now_ns: int | None = None) -> MetricsData:
-        """The current families, one resource per target."""
+        """The collector's families, one resource per target and the exporter's own last."""
         now_ns = now_ns or time.time_ns()
-        by_target: dict[str, list[Metric]] = {name: [] for name in self._resources}
+        by_target: dict[str | None, list[Metric]] = {name: [] for name in self._resources}
         for family in self.collector.collect():
             for target, metric in _convert(family, now_ns).items():
-                if target in by_target:
+                if target in by_target:  # every target labelled is a configured one
                     by_target[target].append(metric)
         return MetricsData([
             ResourceMetrics(self._resources[target], [ScopeMetrics(_SCOPE, metrics, "")], "")
@@ -121,15 +118,12 @@ class OtlpBridge:
         thread.join(budget)
 
 
-def _convert(family: PromMetric, now_ns: int) -> dict[str, Metric]:
-    """One client_python family as an OTLP metric per target (samples without a target label,
-    such as the fleet's ratios, belong to no target's resource and are left out)."""
-    points: dict[str, dict[tuple, dict]] = {}
+def _convert(family: PromMetric, now_ns: int) -> dict[str | None, Metric]:
+    """One client_python family as an OTLP metric per target (None: the samples of none)."""
+    points: dict[str | None, dict[tuple, dict]] = {}
     for sample in family.samples:
         labels = dict(sample.labels)
         target = labels.pop(names.L_TARGET, None)
-        if target is None:
-            continue
         le = labels.pop("le", None)
         key = tuple(sorted(labels.items()))
         point = points.setdefault(target, {}).setdefault(key, {"buckets": []})
