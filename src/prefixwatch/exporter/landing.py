@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from prefixwatch.core import settings
+from prefixwatch.core import settings, tiers
 from prefixwatch.core.ledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
@@ -83,7 +83,7 @@ def _table(cls: str, head, rows: list[str]) -> str:
 def tier_section(exporter: Exporter, window: str | None) -> str:
     """A table of each target's prompt tokens by the cache tier that served them over the
     first window (docs/tiers.md): the device ratio alone misses what a host tier saves."""
-    tier_names = ("device", "host", "disk", "remote", "unknown", "recomputed")
+    tier_names = (*tiers.TIERS, "recomputed")  # tier_shares' keys
     rows = []
     for mon in exporter.monitors:
         with mon.lock:
@@ -94,10 +94,9 @@ def tier_section(exporter: Exporter, window: str | None) -> str:
                 shares = tier_shares(wf.tiers, wf.queries) if wf is not None else None
                 if shares is None:
                     continue
-                effective = wf.effective_ratio if wf is not None else None
-                cells = [mon.name, model, *(f"{shares[t]:.1%}" for t in tier_names),
-                         "-" if effective is None else f"{effective:.1%}"]
-                rows.append(_row(cells))
+                effective = wf.effective_ratio
+                rows.append(_row([mon.name, model, *(f"{shares[t]:.1%}" for t in tier_names),
+                                  "-" if effective is None else f"{effective:.1%}"]))
     table = _table("tiers", ("target", "model", *tier_names, "effective"), rows)
     return table and (f"<h2>Prompt tokens by cache tier ({html.escape(str(window))}, "
                       "docs/tiers.md)</h2>" + table)
