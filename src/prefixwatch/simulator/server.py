@@ -29,9 +29,6 @@ from prefixwatch.simulator.requestlog import RequestLogger
 log = logging.getLogger("prefixwatch.simulate")
 
 MAX_BODY = 16 * 1024 * 1024
-REQUEST_TIMEOUT = 120.0
-
-
 #: Seconds one read of a request may wait; the listen backlog; concurrent handler threads.
 REQUEST_TIMEOUT = 10.0
 LISTEN_BACKLOG = 128
@@ -205,15 +202,12 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
             elif path in ("/health", "/ping"):
                 self._send(200, b"", "application/json")
             elif path == "/v1/models":
-                created = int(replica.started_at)
-                data = [{"id": replica.config.model, "object": "model", "created": created,
-                         "owned_by": "vllm", "root": replica.config.model, "parent": None,
-                         "max_model_len": replica.config.max_model_len}]
-                data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
-                          "root": name, "parent": replica.config.model,
-                          "max_model_len": replica.config.max_model_len}
-                         for name in replica.lora_modules]
-                self._send(200, {"object": "list", "data": data})
+                base, adapters = replica.config.model, replica.lora_modules
+                self._send(200, {"object": "list", "data": [
+                    {"id": name, "object": "model", "created": int(replica.started_at),
+                     "owned_by": "vllm", "root": name, "parent": parent,
+                     "max_model_len": replica.config.max_model_len}
+                    for name, parent in ((base, None), *((n, base) for n in adapters))]})
             elif path in ("/v1/completions", "/v1/chat/completions", "/tokenize",
                           "/detokenize"):
                 self._error(405, "Method Not Allowed")
@@ -375,7 +369,6 @@ class ReplicaServer:
             self.httpd = _BoundedServer((host, port), make_handler(replica))
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        self.httpd.daemon_threads = True
         # A short poll, so shutdown() returns at once: SIGTERM ends the simulator within 2 s.
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
                                         daemon=True, name=f"replica-{replica.index}")
