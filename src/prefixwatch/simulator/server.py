@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from prefixwatch.core.builtin_tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
+from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
 from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
 from prefixwatch.simulator.kvevents import (
     KVEventPublisher,
@@ -127,10 +127,7 @@ class Replica:
         if isinstance(prompt, str):
             if not prompt:
                 raise BadRequest("prompt is empty")
-            ids = self.tokenizer.encode(prompt)
-            if not prompt.startswith(BOS):
-                ids = [SPECIAL_TOKENS[BOS], *ids]
-            return ids, prompt
+            return self.tokenizer.encode_prompt(prompt), prompt
         if isinstance(prompt, list) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
             return list(prompt), None
@@ -311,9 +308,9 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
                 prompt = body["prompt"]
                 if not isinstance(prompt, str):
                     raise BadRequest("prompt must be a string")
-                tokens = replica.tokenizer.encode(prompt)
-                if body.get("add_special_tokens", True) and not prompt.startswith(BOS):
-                    tokens = [SPECIAL_TOKENS[BOS], *tokens]
+                tokens = (replica.tokenizer.encode_prompt(prompt)
+                          if body.get("add_special_tokens", True)
+                          else replica.tokenizer.encode(prompt))
             else:
                 raise BadRequest("'prompt' or 'messages' is required")
             payload: dict[str, Any] = {"count": len(tokens),
