@@ -68,12 +68,11 @@ class OtlpBridge:
         self.endpoint = metrics_endpoint(endpoint)
         self.timeout = timeout
         self.collector = collector
-        own = {"service.name": "prefixwatch", "service.version": __version__,
-               "service.instance.id": socket.gethostname()}
+        self._own = {"service.name": "prefixwatch", "service.version": __version__,
+                     "service.instance.id": socket.gethostname()}
         self._resources: dict[str | None, Resource] = {mon.name: Resource.create({
-            **own, "prefixwatch.target": mon.name, "url.full": mon.target.display_url,
+            **self._own, "prefixwatch.target": mon.name, "url.full": mon.target.display_url,
         }) for mon in collector.monitors}
-        self._resources[None] = Resource.create(own)
         self._exporter = OTLPMetricExporter(endpoint=self.endpoint, timeout=timeout)
         self._failing = False
 
@@ -83,11 +82,20 @@ class OtlpBridge:
         by_target: dict[str | None, list[Metric]] = {name: [] for name in self._resources}
         for family in self.collector.collect():
             for target, metric in _convert(family, now_ns).items():
-                if target in by_target:  # every target labelled is a configured one
-                    by_target[target].append(metric)
+                by_target.setdefault(target, []).append(metric)
+        by_target[None] = by_target.pop(None, [])  # last
         return MetricsData([
-            ResourceMetrics(self._resources[target], [ScopeMetrics(_SCOPE, metrics, "")], "")
+            ResourceMetrics(self._resource(target), [ScopeMetrics(_SCOPE, metrics, "")], "")
             for target, metrics in by_target.items()])
+
+    def _resource(self, target: str | None) -> Resource:
+        """A configured target's; the exporter's own for None, or for a stream no target
+        owns (listen mode's unrouted topics), named by its label."""
+        known = self._resources.get(target)
+        if known is None:
+            extra = {} if target is None else {"prefixwatch.target": target}
+            known = self._resources[target] = Resource.create({**self._own, **extra})
+        return known
 
     def export(self) -> None:
         """Push one round; called by the exporter after each poll round."""
