@@ -30,11 +30,11 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
     "simulate": ("serve simulated vLLM replicas with a built-in workload",
                  "prefixwatch.simulator.cli", "add_simulate_parser", "run_simulate"),
     "rules": ("generate Prometheus rules and Alertmanager routing",
-              "prefixwatch.mixin.rules_cli", "add_rules_parser", "run_rules"),
+              "prefixwatch.mixin.cli", "add_rules_parser", "run_rules"),
     "dashboards": ("generate the Grafana dashboards (JSON)",
-                   "prefixwatch.mixin.dashboards_cli", "add_dashboards_parser", "run_dashboards"),
+                   "prefixwatch.mixin.cli", "add_dashboards_parser", "run_dashboards"),
     "generate": ("write every generated file (rules, dashboards, manifests) at once",
-                 "prefixwatch.mixin.generate", "add_generate_parser", "run_generate"),
+                 "prefixwatch.mixin.cli", "add_generate_parser", "run_generate"),
     "audit": ("find where prompts stop sharing a prefix in a request log",
               "prefixwatch.audit.cli", "add_audit_parser", "run_audit"),
     "demo": ("run the whole stack on this machine, without Docker",
@@ -98,11 +98,11 @@ def _positive_float(text: str) -> float:
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", action="append", metavar="URL",
+    p.add_argument("--target", action="append", metavar="URL", dest="targets",
                    help=f"a /metrics URL to poll; repeat for several "
                         f"(default: ${names.ENV_TARGETS}, comma-separated, or "
                         f"{names.DEFAULT_TARGET})")
-    p.add_argument("--config", metavar="FILE",
+    p.add_argument("--config", metavar="FILE", dest="config_file",
                    help=f"YAML config file (see exporter/prefixwatch.example.yml; "
                         f"default: ${names.ENV_CONFIG})")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--listen-address", metavar="HOST:PORT",
                      help=f"where to serve /metrics (default {names.DEFAULT_LISTEN_ADDRESS}, every "
                           "interface; 127.0.0.1:PORT keeps it on loopback)")
-    exp.add_argument("--window", action="append", metavar="DURATION",
+    exp.add_argument("--window", action="append", metavar="DURATION", dest="windows",
                      help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
                           f"(default {' '.join(names.DEFAULT_WINDOWS)})")
     exp.add_argument("--web-config-file", metavar="FILE",
@@ -204,22 +204,20 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
+#: Flags that are build_config's keywords of the same name: the target flags and --cold-start,
+#: and the exporter's own.
+_CONFIG_FLAGS = ("targets", "config_file", "timeout", "bearer_token_file", "ca_file",
+                 "insecure_skip_verify", "max_body_bytes", "kv_events", "cold_start")
+_EXPORTER_FLAGS = ("interval", "listen_address", "windows", "otlp_endpoint", "web_config_file",
+                   "diagnosis_window")
+
+
 def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
     from prefixwatch.exporter.config import build_config
 
-    kwargs = dict(
-        targets=args.target, config_file=args.config, timeout=args.timeout,
-        bearer_token_file=args.bearer_token_file, ca_file=args.ca_file,
-        insecure_skip_verify=args.insecure_skip_verify, max_body_bytes=args.max_body_bytes,
-        kv_events=args.kv_events,
-    )
-    if not with_exporter_flags and getattr(args, "cold_start", None):
-        kwargs["cold_start"] = args.cold_start
+    flags = _CONFIG_FLAGS + (_EXPORTER_FLAGS if with_exporter_flags else ())
+    kwargs = {flag: getattr(args, flag) for flag in flags}
     if with_exporter_flags:
-        kwargs.update(interval=args.interval, listen_address=args.listen_address,
-                      windows=args.window, otlp_endpoint=args.otlp_endpoint,
-                      web_config_file=args.web_config_file,
-                      diagnosis_window=args.diagnosis_window, cold_start=args.cold_start)
         log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
                      "max_log_len": args.max_log_len, "model": args.requests_model}
         if args.requests_log:
@@ -239,8 +237,7 @@ def run_exporter(args: argparse.Namespace) -> int:
     if config.otlp_endpoint:
         from prefixwatch.exporter.otlp import OtlpBridge
 
-        bridge = OtlpBridge(exporter.monitors, config.otlp_endpoint, state=exporter.state,
-                            kv_sources=exporter.kv.all_sources)
+        bridge = OtlpBridge(exporter.collector, config.otlp_endpoint)
         exporter.round_listeners.append(bridge.export)
         log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
     try:

@@ -3,16 +3,20 @@ reader reads each row, the collector and OTLP write it, the mixin's sources name
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+import yaml
 
-from prefixwatch.core import families, schemas
+from prefixwatch.core import families, names, schemas
 from prefixwatch.exporter.collector import PrefixwatchCollector
-from prefixwatch.exporter.config import TargetConfig
+from prefixwatch.exporter.config import TargetConfig, build_config
+from prefixwatch.exporter.kvevents.kinds import KindNamer
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.otlp import OtlpBridge
 from prefixwatch.exporter.pagereader import read_page
+from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin.sources import source
 from tests.conftest import FIXTURES
 
@@ -58,25 +62,77 @@ def test_every_row_is_read_from_a_page(monitors: list[TargetMonitor]) -> None:
             assert row.role in seen, row.role
 
 
-def test_every_row_is_written_by_the_collector_and_otlp(monitors: list[TargetMonitor]) -> None:
-    written = {f.name for f in PrefixwatchCollector(monitors, {"1m": 60.0}).collect()
-               if f.samples}
-    data = OtlpBridge(monitors, "http://127.0.0.1:9").metrics_data()
-    sent = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics
-            for m in sm.metrics}
+#: The KV event recordings' replicas: between them every KV family (a host tier in offload).
+STREAMS = (("fleet", 0), ("fleet", 1), ("offload", 0))
+
+
+@pytest.fixture
+def kv_exporter(tmp_path) -> Exporter:
+    """An exporter (not started: no socket, no thread) with a target per recorded replica (its
+    pages and KV event stream ingested as the poll and stream threads would), and two with
+    the pages of ``pages()``."""
+    from tests.exporter.kvstreams import page_of, recording, zeroed
+
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text(yaml.safe_dump({"targets": [
+        {"url": f"http://127.0.0.1:{i + 1}/metrics", "name": f"{name}-{r}",
+         "kv_events": f"tcp://127.0.0.1:{i + 1}"} for i, (name, r) in enumerate(STREAMS)] + [
+        {"url": f"http://127.0.0.1:{i + 9}/metrics", "name": f"t{i}"} for i in range(2)]}))
+    exp = Exporter(build_config(config_file=str(cfg), environ={}, windows=["1m"]))
+    now = time.time()
+    final = [*(page_of(*stream) for stream in STREAMS), *pages()]
+    first = [*map(zeroed, final[:len(STREAMS)]), *final[len(STREAMS):]]
+    for mon, page in zip(exp.monitors, first, strict=True):
+        mon.ingest(page, now - 10)
+    exp.tick()
+    for name, r in STREAMS:
+        for msg in recording(name):
+            if msg.topic.split(b"@")[1] == f"replica-{r}".encode():
+                exp.kv.sources[f"{name}-{r}"].ingest(msg.frames)
+    KindNamer(exp.kv.sources, {}, threading.Event()).name_once()  # no tokenizer: "unknown"
+    for mon, page in zip(exp.monitors, final, strict=True):
+        mon.ingest(page, now)
+        assert mon.up, mon.last_error
+    exp.tick()
+    return exp
+
+
+def _sent(bridge: OtlpBridge) -> dict[str, int]:
+    """Family -> data points OTLP sends, over every resource."""
+    out: dict[str, int] = {}
+    for rm in bridge.metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name] = out.get(m.name, 0) + len(m.data.data_points)
+    return out
+
+
+def test_every_row_is_written_by_the_collector_and_otlp(kv_exporter: Exporter) -> None:
+    """OTLP sends the exporter's own collector: every family of the table (the KV rows too),
+    the event ledger's and every other family with samples on /metrics, as many points."""
+    samples: dict[str, int] = {}
+    for fam in kv_exporter.collector.collect():
+        points = {(s.name.removeprefix(fam.name) in ("_bucket", "_sum", "_count", "_created"),
+                   tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")))
+                  for s in fam.samples if not s.name.endswith("_created")}
+        if points:
+            samples[fam.name] = len(points)
+    sent = _sent(OtlpBridge(kv_exporter.collector, "http://127.0.0.1:9"))
     for row in families.FAMILIES:
-        if row.reads:  # a family derived by prefixwatch itself is its own module's to test
-            assert row.out.name in written, row.out.name
-            assert row.out.name in sent, row.out.name
+        assert row.out.name in samples, row.out.name
+    for metric in (names.OUT_LEDGER_TOKENS, names.OUT_LEDGER_RATIO):
+        assert metric.name in samples, metric.name
+    assert sent == samples
 
 
 def test_otlp_sends_the_collectors_numbers(monitors: list[TargetMonitor]) -> None:
     """Every sample of a target on /metrics is in that target's OTLP resource, same value."""
-    families_out = list(PrefixwatchCollector(monitors, {"1m": 60.0}).collect())
-    data = OtlpBridge(monitors, "http://127.0.0.1:9").metrics_data()
+    collector = PrefixwatchCollector(monitors, {"1m": 60.0})
+    families_out = list(collector.collect())
+    data = OtlpBridge(collector, "http://127.0.0.1:9").metrics_data()
     compared = 0
     for rm in data.resource_metrics:
-        target = rm.resource.attributes["prefixwatch.target"]
+        target = rm.resource.attributes.get("prefixwatch.target")
         sent = {m.name: m for sm in rm.scope_metrics for m in sm.metrics}
         for fam in families_out:
             for s in fam.samples:

@@ -251,15 +251,14 @@ def test_otlp_carries_the_same_kv_figures(fleet) -> None:
     from tests.exporter.test_otlp import Receiver
 
     receiver = Receiver()
-    bridge = OtlpBridge(fleet.exp.monitors, receiver.endpoint, state=fleet.exp.state,
-                        kv_sources=fleet.exp.kv.all_sources)
+    bridge = OtlpBridge(fleet.exp.collector, receiver.endpoint)
     try:
         bridge.export()
         got = {}
         for req in receiver.requests:
             for rm in req.resource_metrics:
-                target = {a.key: a.value.string_value for a in rm.resource.attributes}[
-                    "prefixwatch.target"]
+                target = {a.key: a.value.string_value for a in rm.resource.attributes
+                          }.get("prefixwatch.target")
                 for sm in rm.scope_metrics:
                     for m in sm.metrics:
                         if m.name != "prefixwatch_kv_blocks":

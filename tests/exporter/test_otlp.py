@@ -74,7 +74,7 @@ def test_otlp_export_carries_counters_and_ratios(receiver: Receiver, page_server
                          listen_address="127.0.0.1:0", windows=("1m",),
                          otlp_endpoint=receiver.endpoint)
     exporter = Exporter(cfg)
-    bridge = OtlpBridge(exporter.monitors, receiver.endpoint, timeout=5, state=exporter.state)
+    bridge = OtlpBridge(exporter.collector, receiver.endpoint, timeout=5)
     exporter.round_listeners.append(bridge.export)
     try:
         page_server.serve(with_counters(vllm_page, 1000, 800))
@@ -115,10 +115,31 @@ def test_otlp_failure_does_not_stop_polling(page_server: PageServer, vllm_page: 
     cfg = ExporterConfig(targets=name_targets([TargetConfig(page_server.url)]),
                          listen_address="127.0.0.1:0", windows=("1m",))
     exporter = Exporter(cfg)
-    bridge = OtlpBridge(exporter.monitors, f"http://127.0.0.1:{free_port()}", timeout=1)
+    bridge = OtlpBridge(exporter.collector, f"http://127.0.0.1:{free_port()}", timeout=1)
     exporter.round_listeners.append(bridge.export)
     page_server.serve(vllm_page)
     exporter.poll_round()
     exporter.poll_round()
     assert exporter.monitors[0].up and exporter.rounds == 2
     bridge.shutdown()
+
+
+def test_otlp_sends_the_series_of_no_configured_target(tmp_path) -> None:
+    """Listen mode's unrouted stream and the fleet's series have no target resource of their
+    own: they are sent too (the stream under its label, the rest in the exporter's resource,
+    last), as /metrics shows them."""
+    import yaml
+
+    from prefixwatch.exporter.config import build_config
+
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text(yaml.safe_dump({"targets": ["http://127.0.0.1:1/metrics"],
+                                   "kv_events_listen": "tcp://127.0.0.1:*"}))
+    exporter = Exporter(build_config(config_file=str(cfg), environ={}))
+    data = OtlpBridge(exporter.collector, "http://127.0.0.1:9").metrics_data()
+    by_target = {rm.resource.attributes.get("prefixwatch.target"):
+                 {m.name for sm in rm.scope_metrics for m in sm.metrics}
+                 for rm in data.resource_metrics}
+    assert "prefixwatch_kv_events_up" in by_target["listen:tcp://127.0.0.1:*"]
+    assert "prefixwatch_build" in by_target[None]
+    assert data.resource_metrics[-1].resource.attributes.get("prefixwatch.target") is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ def test_the_example_documents_every_key_and_holds_the_defaults() -> None:
             before = text.split(line)[0].rstrip("\n").splitlines()
             assert before and before[-1].lstrip().startswith("#"), line
     cfg = load_config(str(EXAMPLE))
-    assert cfg.with_changes(models={}) == MixinConfig(diagnosis_overrides=cfg.diagnosis_overrides)
+    assert replace(cfg, models={}) == MixinConfig(diagnosis_overrides=cfg.diagnosis_overrides)
     assert cfg.diagnosis == MixinConfig().diagnosis
     assert cfg.models["qwen2.5-coder"].threshold == 0.5
 

@@ -13,7 +13,7 @@ import yaml
 from prefixwatch.core import rulenames
 from prefixwatch.mixin import alertmanager, alerttests, promtoolinput, rules, sources
 from prefixwatch.mixin import config as mixin_config
-from prefixwatch.mixin.rules_cli import write_all
+from prefixwatch.mixin.cli import write_all
 from tests.conftest import promtool_test_chunk, require_binary, run_promtool, split_cases
 
 ROOT = Path(__file__).parents[2]

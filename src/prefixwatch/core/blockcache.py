@@ -89,7 +89,6 @@ def child_id(parent: int, depth: int, block: tuple[int, ...]) -> int:
     return (parent + (hash(block) & MASK) * weight) & MASK
 
 
-
 __all__ = ["Admission", "BlockEvents", "BlockPool", "NoFreeBlocks", "Node", "Residency",
            "block_ids", "cached_tokens_for", "child_id", "root_id"]
 
@@ -229,14 +228,6 @@ class BlockPool:
         """vLLM's kv_cache_usage_perc: 1 - free / usable."""
         return 1.0 - self.num_free / self.usable_blocks
 
-    def blocks_of(self, tokens: Sequence[int], limit_tokens: int | None = None
-                  ) -> list[tuple[int, ...]]:
-        """The full token blocks of ``tokens`` (optionally of its first ``limit_tokens``)."""
-        n = len(tokens) if limit_tokens is None else min(limit_tokens, len(tokens))
-        bs = self.block_size
-        t = tuple(tokens[: n - n % bs])
-        return [t[i: i + bs] for i in range(0, len(t), bs)]
-
     def root(self, extra_keys: Hashable) -> Node:
         node = self.roots.get(extra_keys)
         if node is None:
@@ -268,16 +259,11 @@ class BlockPool:
 
     def touch(self, nodes: Sequence[Node]) -> list[int]:
         """Take a reference on the first cached block of each node (a prefix-cache hit)."""
-        out = []
-        residency = self.residency
-        for node in nodes:
-            block = node.blocks[0]
-            if self.ref_cnt[block] == 0:
-                del self.free[block]
-            self.ref_cnt[block] += 1
-            if residency is not None:
-                residency.accessed(block)
-            out.append(block)
+        out = [node.blocks[0] for node in nodes]
+        self.hold(out)
+        if self.residency is not None:
+            for block in out:
+                self.residency.accessed(block)
         return out
 
     def allocate(self, count: int) -> list[int]:

@@ -77,6 +77,11 @@ class Tokenizer:
             out.append(token if token is not None else self._id_of(piece))
         return out
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A completion prompt as vLLM encodes it: BOS first, unless the text starts with it."""
+        ids = self.encode(text)
+        return ids if text.startswith(BOS) else [SPECIAL_TOKENS[BOS], *ids]
+
     def decode(self, tokens: Iterable[int]) -> str:
         pieces = self._pieces
         return "".join(pieces.get(t, f"<{t}>") for t in tokens)

@@ -336,9 +336,7 @@ def _gap_causes(targets: Mapping[str, TargetEvidence], per_target: dict[str, dic
         return
     if any(per_target[t]["caching_disabled"] or per_target[t]["cold_start"] for t in serving):
         return  # those explain the gap already
-    served = [targets[t].hits if mode == HIT_RATIO_DEVICE else targets[t].cached
-              for t in serving]
-    achieved = ratio(sum(served), sum(targets[t].queries for t in serving))
+    achieved = ratio(_achieved(targets, mode) or 0.0, sum(targets[t].queries for t in serving))
     if achieved is None or achievable - achieved < th.routing_gap:
         return
     if len(serving) == 1:

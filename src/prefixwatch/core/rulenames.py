@@ -52,13 +52,9 @@ MODEL_TIER = "model_name_tier"
 MODEL_TARGET_TIER = "model_name_target_tier"
 
 
-def r_tier_tokens(level: str, w: str) -> str:
-    """Prompt tokens per second served from cache, by tier (``level`` ends in ``_tier``)."""
-    return f"{level}:prompt_tokens_cached:rate{w}"
-
-
 def r_cached(level: str, w: str) -> str:
-    """Prompt tokens per second served from any cache tier."""
+    """Prompt tokens per second served from any cache tier; by tier at a ``level`` ending in
+    ``_tier``."""
     return f"{level}:prompt_tokens_cached:rate{w}"
 
 

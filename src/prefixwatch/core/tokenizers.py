@@ -57,16 +57,10 @@ class NoTokenizer:
 
 class BuiltinTokenizer(OneByOne):
     def __init__(self) -> None:
-        from prefixwatch.core.builtin_tokenizer import (
-            BOS,
-            SPECIAL_TOKENS,
-            Tokenizer,
-            apply_chat_template,
-        )
+        from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
 
         self._tok = Tokenizer()
         self._template = apply_chat_template
-        self._bos = (BOS, SPECIAL_TOKENS[BOS])
 
     def _one(self, req: LogRequest) -> list[int] | str:
         if req.messages is not None:
@@ -75,8 +69,7 @@ class BuiltinTokenizer(OneByOne):
             except ValueError as exc:
                 return str(exc)
         assert req.prompt is not None
-        ids = self._tok.encode(req.prompt)
-        return ids if req.prompt.startswith(self._bos[0]) else [self._bos[1], *ids]
+        return self._tok.encode_prompt(req.prompt)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self._tok.decode(tokens)

@@ -38,7 +38,6 @@ PROMETHEUS_PAGES = {"alerts": ("/alerts", "/classic/alerts"),
 READY_TIMEOUT = 30.0
 
 
-
 def find_binary(binaries: tuple[str, ...]) -> str | None:
     for name in binaries:
         path = shutil.which(name)
@@ -51,8 +50,6 @@ def scaled(duration: str | float, scale: float) -> str:
     seconds = parse_duration(duration) if isinstance(duration, str) else duration
     return mixin_config.prom_duration(seconds * scale)
 
-
-# -- notifications ------------------------------------------------------------------------------
 
 def _last_log_line(path: Path) -> str:
     try:
@@ -160,7 +157,3 @@ class Backends:
                 proc.wait(timeout=5)
             log_file.close()
         self.procs.clear()
-
-
-# -- the demo -----------------------------------------------------------------------------------
-

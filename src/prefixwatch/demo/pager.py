@@ -138,7 +138,3 @@ def alertmanager_config(receiver_url: str, scale: float) -> dict[str, Any]:
                  placeholders]
         receiver["webhook_configs"] = [*hooks, {"url": receiver_url, "send_resolved": True}]
     return cfg
-
-
-# -- Prometheus and Alertmanager ----------------------------------------------------------------
-

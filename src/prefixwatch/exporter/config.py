@@ -99,17 +99,14 @@ def redact_url(url: str) -> str:
 def validate_url(url: str) -> str:
     try:
         parts = urlsplit(url)
-        port_error = None
-        try:
-            parts.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            port_error = str(exc)
     except ValueError:
         raise ConfigError(f"target {redact_url(url)!r} is not a valid URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"target {redact_url(url)!r} is not an http(s) URL")
-    if port_error:
-        raise ConfigError(f"target {redact_url(url)!r}: {port_error}")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise ConfigError(f"target {redact_url(url)!r}: {exc}") from None
     return url
 
 
@@ -238,7 +235,6 @@ def build_config(
     ca_file: str | None = None,
     insecure_skip_verify: bool = False,
     max_body_bytes: int | None = None,
-    limits: dict[str, int | None] | None = None,
     web_config_file: str | None = None,
     diagnosis_window: str | None = None,
     cold_start: str | None = None,
@@ -252,12 +248,9 @@ def build_config(
     cf = load_file(config_file)
     data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
-    unknown_limits = sorted(set(limits or {}) - set(_LIMIT_KEYS))
-    if unknown_limits:
-        raise ConfigError(f"unknown limit {unknown_limits[0]!r}")
     flags = {"timeout": timeout, "bearer_token_file": bearer_token_file, "ca_file": ca_file,
              "max_body_bytes": max_body_bytes, "tls_verify": False if insecure_skip_verify
-             else None, **(limits or {})}
+             else None}
     defaults.update({k: v for k, v in flags.items() if v is not None})
 
     if targets:

@@ -7,12 +7,10 @@ Kept apart from the HTTP server so the page can grow without touching the servin
 from __future__ import annotations
 
 import html
-import threading
 import time
-import weakref
 from typing import TYPE_CHECKING
 
-from prefixwatch.core import settings
+from prefixwatch.core import tiers
 from prefixwatch.core.eventledger import event_table
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
@@ -83,7 +81,7 @@ def _table(cls: str, head, rows: list[str]) -> str:
 def tier_section(exporter: Exporter, window: str | None) -> str:
     """A table of each target's prompt tokens by the cache tier that served them over the
     first window (docs/tiers.md): the device ratio alone misses what a host tier saves."""
-    tier_names = ("device", "host", "disk", "remote", "unknown", "recomputed")
+    tier_names = (*tiers.TIERS, "recomputed")  # tier_shares' keys
     rows = []
     for mon in exporter.monitors:
         with mon.lock:
@@ -94,10 +92,9 @@ def tier_section(exporter: Exporter, window: str | None) -> str:
                 shares = tier_shares(wf.tiers, wf.queries) if wf is not None else None
                 if shares is None:
                     continue
-                effective = wf.effective_ratio if wf is not None else None
-                cells = [mon.name, model, *(f"{shares[t]:.1%}" for t in tier_names),
-                         "-" if effective is None else f"{effective:.1%}"]
-                rows.append(_row(cells))
+                effective = wf.effective_ratio
+                rows.append(_row([mon.name, model, *(f"{shares[t]:.1%}" for t in tier_names),
+                                  "-" if effective is None else f"{effective:.1%}"]))
     table = _table("tiers", ("target", "model", *tier_names, "effective"), rows)
     return table and (f"<h2>Prompt tokens by cache tier ({html.escape(str(window))}, "
                       "docs/tiers.md)</h2>" + table)
@@ -164,24 +161,6 @@ def event_ledger_section(exporter: Exporter, window: str | None) -> str:
     return "".join(out)
 
 
-_CACHES: weakref.WeakKeyDictionary[Exporter, ChartCache] = weakref.WeakKeyDictionary()
-_CACHES_LOCK = threading.Lock()
-
-
-def _served(exporter: Exporter) -> str:
-    """The counter role the charts draw the share of: the ratio the threshold judges."""
-    effective = exporter.config.hit_ratio_mode == settings.HIT_RATIO_EFFECTIVE
-    return CACHED if effective else "hits"
-
-
-def _cache_of(exporter: Exporter) -> ChartCache:
-    with _CACHES_LOCK:
-        cache = _CACHES.get(exporter)
-        if cache is None:
-            cache = _CACHES[exporter] = ChartCache(_served(exporter))
-        return cache
-
-
 def _duration(seconds: float) -> str:
     return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
 
@@ -190,7 +169,7 @@ def charts_section(exporter: Exporter, now: float, cached: bool = True) -> str:
     """The landing page's charts: each model's fleet, then each target's, with its diagnosis.
     ``cached=False`` draws everything from scratch (the reference the cache must match)."""
     threshold = exporter.config.thresholds.hit_ratio
-    cache = _cache_of(exporter)
+    cache = exporter.charts
     with cache.lock:
         return _section(exporter, now, threshold, cache if cached else None)
 
@@ -223,7 +202,7 @@ def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache
                         for m, states in mon.by_model().items()}
             by_model = {m: h for m, h in by_model.items() if h}
             if cache is None:
-                charts = {m: Chart.of(bin_history(h, latest, width, _served(exporter)))
+                charts = {m: Chart.of(bin_history(h, latest, width, exporter.charts.served))
                           for m, h in by_model.items()}
             else:
                 charts = {m: cache.chart((mon.name, m), h, latest, width)
@@ -242,7 +221,7 @@ def _section(exporter: Exporter, now: float, threshold: float, cache: ChartCache
     with exporter.state.lock:
         active = {key: exporter.state.diagnosis.active(*key)
                   for key in exporter.state.diagnosis.causes}
-    ratio = "effective hit ratio" if _served(exporter) == CACHED else "device hit ratio"
+    ratio = "effective hit ratio" if exporter.charts.served == CACHED else "device hit ratio"
     out = [f'<h2>Hit ratio over time</h2><p class="legend"><span style="color:#08519c">&#9644; '
            f'{ratio}</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
            f'{threshold:.0%}</span> &middot; <span style="color:#f16913">&#9644; TTFT p50'

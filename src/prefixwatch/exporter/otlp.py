@@ -1,10 +1,12 @@
 """OTLP/HTTP export of the same families /metrics shows, through opentelemetry-sdk's exporter.
 
-After each poll round the bridge collects the exporter's own families (exporter/collector.py,
-so OTLP can never show another number or miss a family of the table) and sends them as one
-OTLP request: each target is its own OpenTelemetry *resource* (``service.name=prefixwatch``,
-``prefixwatch.target=<target>``) holding the samples labelled with that target, the label
-itself dropped. Counters become cumulative monotonic sums (started at the engine's
+After each poll round the bridge collects the exporter's own collector (exporter/collector.py:
+the families /metrics shows, the event ledger's and the request view's among them, so OTLP can
+never show another number or miss a family) and sends them as one OTLP request: each target is
+its own OpenTelemetry *resource* (``service.name=prefixwatch``, ``prefixwatch.target=<target>``)
+holding the samples labelled with that target, the label itself dropped; the samples of no
+target (the fleet's ratios, the ledger, the request log, the build) go in the exporter's own
+resource, last. Counters become cumulative monotonic sums (started at the engine's
 ``_created`` time when it has one), histograms explicit-bucket histograms, gauges and info
 families gauges; units follow Prometheus' suffix convention (``_seconds`` s, ``_ratio`` 1).
 """
@@ -15,7 +17,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics.export import (
@@ -37,9 +38,7 @@ from prometheus_client.core import Metric as PromMetric
 
 from prefixwatch.core import names
 from prefixwatch.core.version import __version__
-from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
-from prefixwatch.exporter.kvevents import KvSource
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.collector import PrefixwatchCollector
 
 log = logging.getLogger("prefixwatch.otlp")
 
@@ -62,35 +61,41 @@ def unit_of(name: str) -> str:
 
 
 class OtlpBridge:
-    def __init__(self, monitors: Iterable[TargetMonitor], endpoint: str,
-                 timeout: float = 10.0, state: DiagnosisState | None = None,
-                 kv_sources: Callable[[], list[KvSource]] | None = None) -> None:
+    """Sends what ``collector`` (the exporter's own, the one /metrics serves) yields."""
+
+    def __init__(self, collector: PrefixwatchCollector, endpoint: str,
+                 timeout: float = 10.0) -> None:
         self.endpoint = metrics_endpoint(endpoint)
         self.timeout = timeout
-        self.monitors = list(monitors)
-        self.collector = PrefixwatchCollector(self.monitors, {}, state)
-        self.collector.kv_sources = kv_sources
-        self._resources = {mon.name: Resource.create({
-            "service.name": "prefixwatch",
-            "service.version": __version__,
-            "service.instance.id": socket.gethostname(),
-            "prefixwatch.target": mon.name,
-            "url.full": mon.target.display_url,
-        }) for mon in self.monitors}
+        self.collector = collector
+        self._own = {"service.name": "prefixwatch", "service.version": __version__,
+                     "service.instance.id": socket.gethostname()}
+        self._resources: dict[str | None, Resource] = {mon.name: Resource.create({
+            **self._own, "prefixwatch.target": mon.name, "url.full": mon.target.display_url,
+        }) for mon in collector.monitors}
         self._exporter = OTLPMetricExporter(endpoint=self.endpoint, timeout=timeout)
         self._failing = False
 
     def metrics_data(self, now_ns: int | None = None) -> MetricsData:
-        """The current families, one resource per target."""
+        """The collector's families, one resource per target and the exporter's own last."""
         now_ns = now_ns or time.time_ns()
-        by_target: dict[str, list[Metric]] = {name: [] for name in self._resources}
+        by_target: dict[str | None, list[Metric]] = {name: [] for name in self._resources}
         for family in self.collector.collect():
             for target, metric in _convert(family, now_ns).items():
-                if target in by_target:
-                    by_target[target].append(metric)
+                by_target.setdefault(target, []).append(metric)
+        by_target[None] = by_target.pop(None, [])  # last
         return MetricsData([
-            ResourceMetrics(self._resources[target], [ScopeMetrics(_SCOPE, metrics, "")], "")
+            ResourceMetrics(self._resource(target), [ScopeMetrics(_SCOPE, metrics, "")], "")
             for target, metrics in by_target.items()])
+
+    def _resource(self, target: str | None) -> Resource:
+        """A configured target's; the exporter's own for None, or for a stream no target
+        owns (listen mode's unrouted topics), named by its label."""
+        known = self._resources.get(target)
+        if known is None:
+            extra = {} if target is None else {"prefixwatch.target": target}
+            known = self._resources[target] = Resource.create({**self._own, **extra})
+        return known
 
     def export(self) -> None:
         """Push one round; called by the exporter after each poll round."""
@@ -121,15 +126,12 @@ class OtlpBridge:
         thread.join(budget)
 
 
-def _convert(family: PromMetric, now_ns: int) -> dict[str, Metric]:
-    """One client_python family as an OTLP metric per target (samples without a target label,
-    such as the fleet's ratios, belong to no target's resource and are left out)."""
-    points: dict[str, dict[tuple, dict]] = {}
+def _convert(family: PromMetric, now_ns: int) -> dict[str | None, Metric]:
+    """One client_python family as an OTLP metric per target (None: the samples of none)."""
+    points: dict[str | None, dict[tuple, dict]] = {}
     for sample in family.samples:
         labels = dict(sample.labels)
         target = labels.pop(names.L_TARGET, None)
-        if target is None:
-            continue
         le = labels.pop("le", None)
         key = tuple(sorted(labels.items()))
         point = points.setdefault(target, {}).setdefault(key, {"buckets": []})

@@ -159,32 +159,10 @@ class Fetcher:
         ticket = WATCHDOG.arm(deadline)
         try:
             body = self._exchange(ticket, deadline)
-        except PageError:
-            if ticket.fired:
-                raise PageError("timeout", f"no complete answer within {timeout:g}s") from None
-            raise
-        except TimeoutError as exc:
-            raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
-        except ssl.SSLError as exc:
-            if ticket.fired:
+        except (PageError, OSError, http.client.HTTPException) as exc:
+            if ticket.fired or isinstance(exc, TimeoutError):  # whatever the cut read raised
                 raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
-            raise PageError("tls", f"TLS: {exc.reason or type(exc).__name__}") from exc
-        except http.client.IncompleteRead as exc:
-            if ticket.fired:
-                raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
-            raise PageError("parse", "body cut short") from exc
-        except (http.client.RemoteDisconnected, ConnectionError) as exc:
-            if ticket.fired:
-                raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
-            raise PageError("connect", _short(exc)) from exc
-        except http.client.HTTPException as exc:
-            if ticket.fired:
-                raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
-            raise PageError("parse", f"malformed HTTP answer: {type(exc).__name__}") from exc
-        except OSError as exc:
-            if ticket.fired:
-                raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
-            raise PageError("connect", _short(exc)) from exc
+            raise _page_error(exc) from exc
         finally:
             WATCHDOG.disarm(ticket)
         if ticket.fired:  # a cut-off read can look like a clean end: never trust it
@@ -284,6 +262,19 @@ class Fetcher:
         if inflate is not None and not inflate.eof:
             raise PageError("parse", "compressed body cut short")
         return b"".join(chunks)
+
+
+def _page_error(exc: Exception) -> PageError:
+    """The catalog's reason for what an exchange raised (before its deadline)."""
+    if isinstance(exc, PageError):
+        return exc
+    if isinstance(exc, ssl.SSLError):
+        return PageError("tls", f"TLS: {exc.reason or type(exc).__name__}")
+    if isinstance(exc, http.client.IncompleteRead):
+        return PageError("parse", "body cut short")
+    if not isinstance(exc, OSError):  # RemoteDisconnected is one: the peer hung up
+        return PageError("parse", f"malformed HTTP answer: {type(exc).__name__}")
+    return PageError("connect", _short(exc))
 
 
 def _connect(host: str, port: int, deadline: float) -> socket.socket:

@@ -22,11 +22,12 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from prefixwatch.core import names, schemas
+from prefixwatch.core import names, schemas, settings
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter import scrape
+from prefixwatch.exporter.charts import ChartCache
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
@@ -35,6 +36,7 @@ from prefixwatch.exporter.kvevents import KvEvents
 from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
 from prefixwatch.exporter.webconfig import WebConfig, load_web_config
@@ -63,6 +65,9 @@ class Exporter:
             self._pool_sizes: tuple[float, dict[str, int]] = (-math.inf, {})
             self.reader = RequestsLogReader(rl, self.view, config.targets[0].url)
         self.state = DiagnosisState(config.diagnosis_window)
+        #: The landing page's charts: the share of the ratio the threshold judges.
+        self.charts = ChartCache(CACHED if config.hit_ratio_mode == settings.HIT_RATIO_EFFECTIVE
+                                 else "hits")
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = PrefixwatchCollector(self.monitors, windows, self.state, self.view)
         if config.requests_log is not None:
@@ -315,8 +320,6 @@ class Exporter:
     def wait(self) -> None:
         while not self._stop.wait(1.0):
             pass
-
-    # -- pages ---------------------------------------------------------------------------------
 
     def landing_page(self) -> str:
         return render_landing(self)

@@ -5,7 +5,7 @@ promtool tests, alertmanager.yml, the dashboards of every source, the Kubernetes
 the compose Prometheus config. It reads no file of the source tree, so it works the same from an
 installed wheel; ``prefixwatch rules``, ``prefixwatch dashboards`` and the drift tests are views
 of it, and ``write_files``/``drifted`` are the writer and the check behind
-``prefixwatch generate [--check]`` (mixin/generate.py).
+``prefixwatch generate [--check]`` (mixin/cli.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prefixwatch.core import names, rulenames, settings
@@ -163,9 +163,6 @@ class MixinConfig:
 
     def scaled(self, duration: str) -> str:
         return prom_duration(parse_duration(duration) * self.time_scale)
-
-    def with_changes(self, **changes: Any) -> MixinConfig:
-        return replace(self, **changes)
 
 
 def _by_length(windows: set[str]) -> tuple[str, ...]:

@@ -121,7 +121,7 @@ def _dashboard(kind: str, title: str, p: Panels, description: str) -> g.Dashboar
         panels=layout.flow(p.placed), links=_links(p.cfg), templating=_templating(p),
         refresh=settings.refresh, time=g.Time(settings.time_from, settings.time_to),
         timezone=settings.timezone, graphTooltip=1)
-    return layout.with_ids(dashboard)
+    return dashboard.auto_panel_ids()
 
 
 def file_name(kind: str, source_name: str) -> str:

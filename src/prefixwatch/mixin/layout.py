@@ -1,4 +1,5 @@
-"""Where panels go: left to right, wrapping at Grafana's 24 columns; ids by grafanalib.
+"""Where panels go: left to right, wrapping at Grafana's 24 columns (ids: grafanalib's
+``auto_panel_ids``, in the order the panels were laid out).
 
 No dashboard counts an id or an x/y by hand, so adding, removing or resizing a panel (or a
 source without some series) never leaves a hole or a duplicate id.
@@ -35,8 +36,3 @@ def flow(placed: list[Placed], columns: int = COLUMNS) -> list[Any]:
         row_height = max(row_height, item.height)
         out.append(item.panel)
     return out
-
-
-def with_ids(dashboard: g.Dashboard) -> g.Dashboard:
-    """grafanalib's auto_panel_ids: 1, 2, ... in the order the panels were laid out."""
-    return dashboard.auto_panel_ids()

@@ -22,12 +22,12 @@ from prefixwatch.core.rulenames import (
     R_MISSED,
     R_SAVED_SHARE,
     R_TTFT,
+    r_cached,
     r_hits,
     r_kv_computed_share,
     r_prompt,
     r_ratio,
     r_recomputed,
-    r_tier_tokens,
 )
 from prefixwatch.mixin.kvrules import KV_DASHBOARD_WINDOW
 from prefixwatch.mixin.panelbase import PanelBase
@@ -125,7 +125,7 @@ class Panels(PanelBase):
             total = f"sum ({self.rate(t.total)})"
             recomputed = f"clamp_min({total} - sum ({tiers}), 0)"
         else:
-            tiers = f"sum by (tier) ({self.recorded(r_tier_tokens(MODEL_TIER, '5m'))})"
+            tiers = f"sum by (tier) ({self.recorded(r_cached(MODEL_TIER, '5m'))})"
             total = f"sum ({self.recorded(r_prompt(MODEL, '5m'))})"
             recomputed = f"sum ({self.recorded(r_recomputed(MODEL, '5m'))})"
         self.add(g.TimeSeries(

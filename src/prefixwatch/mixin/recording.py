@@ -40,7 +40,6 @@ from prefixwatch.core.rulenames import (
     r_ratio,
     r_recomputed,
     r_tier_active,
-    r_tier_tokens,
 )
 from prefixwatch.core.tiers import TIER_DEVICE
 from prefixwatch.mixin.kvrules import KVRules
@@ -172,14 +171,14 @@ class Recording(Exprs):
             group = self.labels(MODEL, *(("target",) if per_target else ()))
             on = f"on ({group})"
             agg = self.by_target if per_target else self.by_model
-            rec(r_tier_tokens(tier_level, w), self.tier_rates(f"[{self.w(w)}]", per_target))
-            rec(r_cached(level, w), f"sum by ({group}) ({r_tier_tokens(tier_level, w)})")
+            rec(r_cached(tier_level, w), self.tier_rates(f"[{self.w(w)}]", per_target))
+            rec(r_cached(level, w), f"sum by ({group}) ({r_cached(tier_level, w)})")
             rec(r_prompt(level, w), agg(f"rate({self.sel(t.total)}[{self.w(w)}])"))
             rec(r_effective(level, w), f"{r_cached(level, w)} / ({r_prompt(level, w)} > 0)")
             rec(r_recomputed(level, w),
                 f"clamp_min({r_prompt(level, w)} - {on} {r_cached(level, w)}, 0)")
             if not per_target and w in (REPLICA_WINDOW, self.cfg.warning_window):
-                device = f'{r_tier_tokens(tier_level, w)}{{tier="{TIER_DEVICE}"}}'
+                device = f'{r_cached(tier_level, w)}{{tier="{TIER_DEVICE}"}}'
                 rec(r_lower_tier(level, w),
                     f"({r_cached(level, w)} - {on} {device})\n/ {on}\n"
                     f"(({r_prompt(level, w)} - {on} {device}) > 0)")

@@ -13,9 +13,9 @@ from prefixwatch.core.rulenames import (
     ALERT_REGRESSION,
     ALERT_TIER_IDLE,
     MODEL_TIER,
+    r_cached,
     r_effective,
     r_offload_failed,
-    r_tier_tokens,
 )
 from prefixwatch.core.tiers import TIER_HOST
 from prefixwatch.core.windows import parse_duration
@@ -54,7 +54,7 @@ class TierCases:
             self.at(ALERT_TIER_IDLE, 19, []),
         ], [sample(f'round({r_effective("model_name", "5m")}, 0.0001)', "15m",
                    f'{{model_name="{MODEL}"}}', round(device_part + host_part, 4)),
-            sample(f'round({r_tier_tokens(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
+            sample(f'round({r_cached(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
                    "15m", f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
                    round(busy * host_part, 3))])
         # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical within 2.5 minutes.

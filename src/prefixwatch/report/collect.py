@@ -21,10 +21,10 @@ from prefixwatch.core.rulenames import (
     R_LEDGER_SHARE,
     R_TTFT,
     REPLICA_WINDOW,
+    r_cached,
     r_effective,
     r_ratio,
     r_recomputed,
-    r_tier_tokens,
 )
 from prefixwatch.core.tiers import TIERS
 from prefixwatch.core.windows import parse_duration, ratio
@@ -172,7 +172,7 @@ class Collector:
 
     def tiers(self, model: str) -> dict[str, list[tuple[float, float]]] | None:
         w = self.req.ratio_window
-        by_tier = self._range(f"{r_tier_tokens(MODEL_TIER, w)}{_sel(model)}")
+        by_tier = self._range(f"{r_cached(MODEL_TIER, w)}{_sel(model)}")
         if not by_tier:
             return None
         out = {s.labels.get(L_TIER, "unknown"): self._finite(s.samples) for s in by_tier}

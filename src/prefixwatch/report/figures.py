@@ -55,8 +55,7 @@ def _new(title: str) -> tuple[Figure, object]:
     ax.set_title(title, fontsize=15, loc="left", pad=12)
     ax.grid(True, color="#e6e6e6", linewidth=0.8)
     ax.set_axisbelow(True)
-    for side in ("top",):
-        ax.spines[side].set_visible(False)
+    ax.spines["top"].set_visible(False)
     ax.tick_params(labelsize=11)
     return fig, ax
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import requests
 
+from prefixwatch.core import neterrors
 from prefixwatch.core.errors import ConfigError
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -63,14 +64,12 @@ class PromClient:
                 if time.monotonic() > deadline:
                     raise ReportError(f"{url}: no complete answer within {self.timeout:g}s")
             resp.close()
-        except requests.ConnectionError as exc:
-            raise ReportError(f"cannot reach Prometheus at {self.base}: "
-                              f"{_reason(exc)}") from None
         except requests.Timeout:
             raise ReportError(f"Prometheus at {self.base} did not answer within "
                               f"{self.timeout:g}s") from None
         except requests.RequestException as exc:
-            raise ReportError(f"cannot query Prometheus at {self.base}: {_reason(exc)}") from None
+            raise ReportError(f"cannot reach Prometheus: {neterrors.describe(exc, self.base)}"
+                              ) from None
         try:
             payload = json.loads(bytes(body))
         except ValueError:
@@ -90,15 +89,6 @@ class PromClient:
         step = max(step, (end - start) / MAX_POINTS, 0.001)
         return _series(self._get("/api/v1/query_range", {
             "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}))
-
-
-def _reason(exc: Exception) -> str:
-    text = str(exc)
-    for marker in ("Connection refused", "Name or service not known", "timed out",
-                   "No route to host", "Temporary failure in name resolution"):
-        if marker in text:
-            return marker.lower()
-    return type(exc).__name__
 
 
 def _series(data: Any) -> list[Series]:

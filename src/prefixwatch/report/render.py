@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import jinja2
 
-from prefixwatch.core.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_tier_tokens
+from prefixwatch.core.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_cached
 from prefixwatch.core.version import __version__
 from prefixwatch.report.divergence import Finding
 from prefixwatch.report.figures import Drawn
@@ -23,7 +23,7 @@ def not_available(name: str, data: ReportData) -> str:
     """Why a figure is missing, naming the recorded series it reads."""
     if name == "figure2-tiers":
         return ("Figure 2 (prompt tokens by cache tier and recomputed): not available: no "
-                f"{r_tier_tokens(MODEL_TIER, data.ratio_window)} series in this range (an "
+                f"{r_cached(MODEL_TIER, data.ratio_window)} series in this range (an "
                 "exporter or engine with cache-tier counters feeds it).")
     if name == "figure3-ledger":
         return (f"Figure 3 (where the misses go): not available: no {R_LEDGER_SHARE} series "

@@ -229,11 +229,7 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     except OSError as exc:
         if replica is not None and all(s.replica is not replica for s in servers):
             replica.close()
-        for s in servers:
-            s.httpd.server_close()
-            s.replica.close()
-        if log_stream is not None and log_stream is not sys.stdout:
-            log_stream.close()
+        Simulation(servers, None, log_stream).stop()  # closes what was bound, and the log
         raise ConfigError(str(exc.strerror or exc)) from exc
     driver = None
     if args.rate > 0:

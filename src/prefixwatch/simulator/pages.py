@@ -24,196 +24,6 @@ class PageFamily:
     lazy: bool = False
 
 
-
-VLLM_V1_PAGE: tuple[PageFamily, ...] = (
-    PageFamily(
-        'vllm:estimated_flops_per_gpu', 'counter',
-        'Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:estimated_read_bytes_per_gpu', 'counter',
-        'Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:estimated_write_bytes_per_gpu', 'counter',
-        'Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:num_requests_running', 'gauge',
-        'Number of requests in model execution batches.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:num_requests_waiting', 'gauge',
-        'Number of requests waiting to be processed.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:num_requests_waiting_by_reason', 'gauge',
-        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
-        labels=('model_name', 'engine'),
-        preset=(('reason', ('capacity', 'deferred')),)),
-    PageFamily(
-        'vllm:engine_sleep_state', 'gauge',
-        'Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.',
-        labels=('model_name', 'engine'),
-        preset=(('sleep_state', ('awake', 'weights_offloaded', 'discard_all')),)),
-    PageFamily(
-        'vllm:kv_cache_usage_perc', 'gauge',
-        'KV-cache usage. 1 means 100 percent usage.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:prefix_cache_queries', 'counter',
-        'Prefix cache queries, in terms of number of queried tokens.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:prefix_cache_hits', 'counter',
-        'Prefix cache hits, in terms of number of cached tokens.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:external_prefix_cache_queries', 'counter',
-        'External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:external_prefix_cache_hits', 'counter',
-        'External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:mm_cache_queries', 'counter',
-        'Multi-modal cache queries, in terms of number of queried items.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:mm_cache_hits', 'counter',
-        'Multi-modal cache hits, in terms of number of cached items.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:num_preemptions', 'counter',
-        'Cumulative number of preemption from the engine.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:prompt_tokens', 'counter',
-        'Number of prefill tokens processed.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:prompt_tokens_by_source', 'counter',
-        'Number of prompt tokens by source.',
-        labels=('model_name', 'engine'),
-        preset=(('source', ('local_compute', 'local_cache_hit', 'external_kv_transfer')),)),
-    PageFamily(
-        'vllm:prompt_tokens_cached', 'counter',
-        'Number of cached prompt tokens (local + external).',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:prompt_tokens_cached_by_source', 'counter',
-        'Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.',
-        labels=('model_name', 'engine'),
-        preset=(('source', ('device', 'host', 'p2p', 'disk', 'external_unspecified')),)),
-    PageFamily(
-        'vllm:generation_tokens', 'counter',
-        'Number of generation tokens processed.',
-        labels=('model_name', 'engine')),
-    PageFamily(
-        'vllm:request_success', 'counter',
-        'Count of successfully processed requests.',
-        labels=('model_name', 'engine'),
-        preset=(('finished_reason', ('stop', 'length', 'abort', 'error', 'repetition')),)),
-    PageFamily(
-        'vllm:admission_rejections', 'counter',
-        'Number of admission attempts rejected by a queue limit, by reason.',
-        labels=('model_name',),
-        preset=(('reason', ('max_num_queued_reqs', 'max_num_queued_tokens')),)),
-    PageFamily(
-        'vllm:request_prompt_tokens', 'histogram',
-        'Number of prefill tokens processed.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)),
-    PageFamily(
-        'vllm:request_generation_tokens', 'histogram',
-        'Number of generation tokens processed.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)),
-    PageFamily(
-        'vllm:iteration_tokens_total', 'histogram',
-        'Histogram of number of tokens per engine_step.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)),
-    PageFamily(
-        'vllm:request_max_num_generation_tokens', 'histogram',
-        'Histogram of maximum number of requested generation tokens.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)),
-    PageFamily(
-        'vllm:request_params_n', 'histogram',
-        'Histogram of the n request parameter.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 5.0, 10.0, 20.0)),
-    PageFamily(
-        'vllm:request_params_max_tokens', 'histogram',
-        'Histogram of the max_tokens request parameter.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)),
-    PageFamily(
-        'vllm:time_to_first_token_seconds', 'histogram',
-        'Histogram of time to first token in seconds.',
-        labels=('model_name', 'engine'),
-        buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)),
-    PageFamily(
-        'vllm:inter_token_latency_seconds', 'histogram',
-        'Histogram of inter-token latency in seconds.',
-        labels=('model_name', 'engine'),
-        buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)),
-    PageFamily(
-        'vllm:request_time_per_output_token_seconds', 'histogram',
-        'Histogram of time_per_output_token_seconds per request.',
-        labels=('model_name', 'engine'),
-        buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)),
-    PageFamily(
-        'vllm:e2e_request_latency_seconds', 'histogram',
-        'Histogram of e2e request latency in seconds.',
-        labels=('model_name', 'engine'),
-        buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)),
-    PageFamily(
-        'vllm:request_queue_time_seconds', 'histogram',
-        'Histogram of time spent in WAITING phase for request.',
-        labels=('model_name', 'engine'),
-        buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)),
-    PageFamily(
-        'vllm:request_inference_time_seconds', 'histogram',
-        'Histogram of time spent in RUNNING phase for request.',
-        labels=('model_name', 'engine'),
-        buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)),
-    PageFamily(
-        'vllm:request_prefill_time_seconds', 'histogram',
-        'Histogram of time spent in PREFILL phase for request.',
-        labels=('model_name', 'engine'),
-        buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)),
-    PageFamily(
-        'vllm:request_decode_time_seconds', 'histogram',
-        'Histogram of time spent in DECODE phase for request.',
-        labels=('model_name', 'engine'),
-        buckets=(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)),
-    PageFamily(
-        'vllm:request_num_preemptions', 'histogram',
-        'Histogram of the number of times a request was preempted.',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)),
-    PageFamily(
-        'vllm:request_prefill_kv_computed_tokens', 'histogram',
-        'Histogram of new KV tokens computed during prefill (excluding cached tokens).',
-        labels=('model_name', 'engine'),
-        buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)),
-    PageFamily(
-        'vllm:cache_config_info', 'gauge',
-        'Information of the LLMEngine CacheConfig',
-        labels=('engine',)),
-)
-
-#: Histograms whose buckets vLLM builds as 1-2-5 steps up to max_model_len
-#: (build_1_2_5_buckets in vllm/v1/metrics/loggers.py); the table above has max_model_len 32768.
-VLLM_MAX_MODEL_LEN_BUCKETS = frozenset({
-    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
-    "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens",
-    "vllm:request_prefill_kv_computed_tokens"})
-
-
 def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
     """1, 2, 5, 10, 20, 50, ... up to ``max_value``, as vLLM's build_1_2_5_buckets."""
     out: list[float] = []
@@ -224,6 +34,101 @@ def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
                 return tuple(out)
             out.append(float(m * scale))
         scale *= 10
+
+
+#: vLLM's bucket lists shared by several families (vllm/v1/metrics/loggers.py): token counts in
+#: 1-2-5 steps up to max_model_len (32768 here), per-token and per-request seconds.
+_TOKENS = buckets_1_2_5(32768)
+_TOKEN_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_SECONDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+VLLM_V1_PAGE: tuple[PageFamily, ...] = (
+    PageFamily('vllm:estimated_flops_per_gpu', 'counter',
+               'Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).'),
+    PageFamily('vllm:estimated_read_bytes_per_gpu', 'counter',
+               'Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).'),
+    PageFamily('vllm:estimated_write_bytes_per_gpu', 'counter',
+               'Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).'),
+    PageFamily('vllm:num_requests_running', 'gauge',
+               'Number of requests in model execution batches.'),
+    PageFamily('vllm:num_requests_waiting', 'gauge',
+               'Number of requests waiting to be processed.'),
+    PageFamily('vllm:num_requests_waiting_by_reason', 'gauge',
+               "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.", preset=(('reason', ('capacity', 'deferred')),)),
+    PageFamily('vllm:engine_sleep_state', 'gauge',
+               'Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.', preset=(('sleep_state', ('awake', 'weights_offloaded', 'discard_all')),)),
+    PageFamily('vllm:kv_cache_usage_perc', 'gauge',
+               'KV-cache usage. 1 means 100 percent usage.'),
+    PageFamily('vllm:prefix_cache_queries', 'counter',
+               'Prefix cache queries, in terms of number of queried tokens.'),
+    PageFamily('vllm:prefix_cache_hits', 'counter',
+               'Prefix cache hits, in terms of number of cached tokens.'),
+    PageFamily('vllm:external_prefix_cache_queries', 'counter',
+               'External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.'),
+    PageFamily('vllm:external_prefix_cache_hits', 'counter',
+               'External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.'),
+    PageFamily('vllm:mm_cache_queries', 'counter',
+               'Multi-modal cache queries, in terms of number of queried items.'),
+    PageFamily('vllm:mm_cache_hits', 'counter',
+               'Multi-modal cache hits, in terms of number of cached items.'),
+    PageFamily('vllm:num_preemptions', 'counter',
+               'Cumulative number of preemption from the engine.'),
+    PageFamily('vllm:prompt_tokens', 'counter',
+               'Number of prefill tokens processed.'),
+    PageFamily('vllm:prompt_tokens_by_source', 'counter',
+               'Number of prompt tokens by source.', preset=(('source', ('local_compute', 'local_cache_hit', 'external_kv_transfer')),)),
+    PageFamily('vllm:prompt_tokens_cached', 'counter',
+               'Number of cached prompt tokens (local + external).'),
+    PageFamily('vllm:prompt_tokens_cached_by_source', 'counter',
+               'Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.', preset=(('source', ('device', 'host', 'p2p', 'disk', 'external_unspecified')),)),
+    PageFamily('vllm:generation_tokens', 'counter',
+               'Number of generation tokens processed.'),
+    PageFamily('vllm:request_success', 'counter',
+               'Count of successfully processed requests.', preset=(('finished_reason', ('stop', 'length', 'abort', 'error', 'repetition')),)),
+    PageFamily('vllm:admission_rejections', 'counter',
+               'Number of admission attempts rejected by a queue limit, by reason.', labels=('model_name',), preset=(('reason', ('max_num_queued_reqs', 'max_num_queued_tokens')),)),
+    PageFamily('vllm:request_prompt_tokens', 'histogram',
+               'Number of prefill tokens processed.', buckets=_TOKENS),
+    PageFamily('vllm:request_generation_tokens', 'histogram',
+               'Number of generation tokens processed.', buckets=_TOKENS),
+    PageFamily('vllm:iteration_tokens_total', 'histogram',
+               'Histogram of number of tokens per engine_step.', buckets=(1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)),
+    PageFamily('vllm:request_max_num_generation_tokens', 'histogram',
+               'Histogram of maximum number of requested generation tokens.', buckets=_TOKENS),
+    PageFamily('vllm:request_params_n', 'histogram',
+               'Histogram of the n request parameter.', buckets=(1.0, 2.0, 5.0, 10.0, 20.0)),
+    PageFamily('vllm:request_params_max_tokens', 'histogram',
+               'Histogram of the max_tokens request parameter.', buckets=_TOKENS),
+    PageFamily('vllm:time_to_first_token_seconds', 'histogram',
+               'Histogram of time to first token in seconds.', buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)),
+    PageFamily('vllm:inter_token_latency_seconds', 'histogram',
+               'Histogram of inter-token latency in seconds.', buckets=_TOKEN_SECONDS),
+    PageFamily('vllm:request_time_per_output_token_seconds', 'histogram',
+               'Histogram of time_per_output_token_seconds per request.', buckets=_TOKEN_SECONDS),
+    PageFamily('vllm:e2e_request_latency_seconds', 'histogram',
+               'Histogram of e2e request latency in seconds.', buckets=_REQUEST_SECONDS),
+    PageFamily('vllm:request_queue_time_seconds', 'histogram',
+               'Histogram of time spent in WAITING phase for request.', buckets=_REQUEST_SECONDS),
+    PageFamily('vllm:request_inference_time_seconds', 'histogram',
+               'Histogram of time spent in RUNNING phase for request.', buckets=_REQUEST_SECONDS),
+    PageFamily('vllm:request_prefill_time_seconds', 'histogram',
+               'Histogram of time spent in PREFILL phase for request.', buckets=_REQUEST_SECONDS),
+    PageFamily('vllm:request_decode_time_seconds', 'histogram',
+               'Histogram of time spent in DECODE phase for request.', buckets=_REQUEST_SECONDS),
+    PageFamily('vllm:request_num_preemptions', 'histogram',
+               'Histogram of the number of times a request was preempted.', buckets=(1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)),
+    PageFamily('vllm:request_prefill_kv_computed_tokens', 'histogram',
+               'Histogram of new KV tokens computed during prefill (excluding cached tokens).', buckets=_TOKENS),
+    PageFamily('vllm:cache_config_info', 'gauge',
+               'Information of the LLMEngine CacheConfig', labels=('engine',)),
+)
+
+#: Histograms whose buckets vLLM builds as 1-2-5 steps up to max_model_len
+#: (build_1_2_5_buckets in vllm/v1/metrics/loggers.py); the table above has max_model_len 32768.
+VLLM_MAX_MODEL_LEN_BUCKETS = frozenset({
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:request_max_num_generation_tokens", "vllm:request_params_max_tokens",
+    "vllm:request_prefill_kv_computed_tokens"})
 
 
 #: With ``--kv-cache-metrics`` vLLM adds these block-residency histograms (sampled blocks,

@@ -113,10 +113,6 @@ class Work:
     #: None when nothing in it varies at the top. The ledger's truth for ``layout``.
     fixed: dict[str, Any] | None = None
 
-    @property
-    def is_chat(self) -> bool:
-        return "messages" in self.body
-
 
 Maker = Callable[[random.Random, Corpus, datetime], Work]
 

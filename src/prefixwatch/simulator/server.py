@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from prefixwatch.core.builtin_tokenizer import BOS, SPECIAL_TOKENS, Tokenizer, apply_chat_template
+from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
 from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
 from prefixwatch.simulator.kvevents import (
     KVEventPublisher,
@@ -29,9 +29,6 @@ from prefixwatch.simulator.requestlog import RequestLogger
 log = logging.getLogger("prefixwatch.simulate")
 
 MAX_BODY = 16 * 1024 * 1024
-REQUEST_TIMEOUT = 120.0
-
-
 #: Seconds one read of a request may wait; the listen backlog; concurrent handler threads.
 REQUEST_TIMEOUT = 10.0
 LISTEN_BACKLOG = 128
@@ -130,10 +127,7 @@ class Replica:
         if isinstance(prompt, str):
             if not prompt:
                 raise BadRequest("prompt is empty")
-            ids = self.tokenizer.encode(prompt)
-            if not prompt.startswith(BOS):
-                ids = [SPECIAL_TOKENS[BOS], *ids]
-            return ids, prompt
+            return self.tokenizer.encode_prompt(prompt), prompt
         if isinstance(prompt, list) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
             return list(prompt), None
@@ -205,15 +199,12 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
             elif path in ("/health", "/ping"):
                 self._send(200, b"", "application/json")
             elif path == "/v1/models":
-                created = int(replica.started_at)
-                data = [{"id": replica.config.model, "object": "model", "created": created,
-                         "owned_by": "vllm", "root": replica.config.model, "parent": None,
-                         "max_model_len": replica.config.max_model_len}]
-                data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
-                          "root": name, "parent": replica.config.model,
-                          "max_model_len": replica.config.max_model_len}
-                         for name in replica.lora_modules]
-                self._send(200, {"object": "list", "data": data})
+                base, adapters = replica.config.model, replica.lora_modules
+                self._send(200, {"object": "list", "data": [
+                    {"id": name, "object": "model", "created": int(replica.started_at),
+                     "owned_by": "vllm", "root": name, "parent": parent,
+                     "max_model_len": replica.config.max_model_len}
+                    for name, parent in ((base, None), *((n, base) for n in adapters))]})
             elif path in ("/v1/completions", "/v1/chat/completions", "/tokenize",
                           "/detokenize"):
                 self._error(405, "Method Not Allowed")
@@ -317,9 +308,9 @@ def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
                 prompt = body["prompt"]
                 if not isinstance(prompt, str):
                     raise BadRequest("prompt must be a string")
-                tokens = replica.tokenizer.encode(prompt)
-                if body.get("add_special_tokens", True) and not prompt.startswith(BOS):
-                    tokens = [SPECIAL_TOKENS[BOS], *tokens]
+                tokens = (replica.tokenizer.encode_prompt(prompt)
+                          if body.get("add_special_tokens", True)
+                          else replica.tokenizer.encode(prompt))
             else:
                 raise BadRequest("'prompt' or 'messages' is required")
             payload: dict[str, Any] = {"count": len(tokens),
@@ -375,7 +366,6 @@ class ReplicaServer:
             self.httpd = _BoundedServer((host, port), make_handler(replica))
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        self.httpd.daemon_threads = True
         # A short poll, so shutdown() returns at once: SIGTERM ends the simulator within 2 s.
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),
                                         daemon=True, name=f"replica-{replica.index}")
