@@ -128,15 +128,15 @@ def test_the_config_keys_and_their_errors(tmp_path) -> None:
 
 
 def _check_against_the_ledger(monkeypatch) -> list[int]:
-    """Every ``kvmirror.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
+    """Every ``kvlayout.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
     packed-word search must return the same index; returns the answers."""
     from array import array
 
-    from prefixwatch.core import kvmirror
+    from prefixwatch.core import kvlayout
     from prefixwatch.core.ledger import layout_end_from
 
     answers: list[int] = []
-    fast = kvmirror.layout_end_packed
+    fast = kvlayout.layout_end_packed
 
     def both(words, d, first, depth, bs):
         q = array("I")
@@ -146,7 +146,7 @@ def _check_against_the_ledger(monkeypatch) -> list[int]:
         answers.append(got)
         return got
 
-    monkeypatch.setattr(kvmirror, "layout_end_packed", both)
+    monkeypatch.setattr(kvlayout, "layout_end_packed", both)
     return answers
 
 
