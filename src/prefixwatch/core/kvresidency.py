@@ -62,21 +62,21 @@ class Residency:
         return self.recent.get(h)
 
     def lookup_many(self, hashes: Sequence[Any]) -> list[Block | None]:
-        """``lookup`` of each hash, a medium at a time."""
+        """``lookup`` of each hash, a medium at a time (then the removed ones)."""
         got: list[Block | None] | None = None
         for per in (*self.resident.values(), self.recent):
             if got is None:
                 try:
-                    return list(values_of(per, hashes))  # all in the first medium: common
+                    got = list(values_of(per, hashes))  # all in the first medium: common
                 except KeyError:
-                    pass
-                if not per.keys().isdisjoint(hashes):
+                    if per.keys().isdisjoint(hashes):
+                        continue
                     got = [per.get(h) for h in hashes]
-            elif None not in got:
-                break
             elif not per.keys().isdisjoint(hashes):
                 get = per.get
                 got = [g if g is not None else get(h) for g, h in zip(got, hashes, strict=True)]
+            if None not in got:
+                break
         return [None] * len(hashes) if got is None else got
 
     # -- holding -------------------------------------------------------------------------------
