@@ -154,12 +154,16 @@ class TargetMirror:
         words = b""
         if toks and parent is not None:
             words = pack(toks)
-            parts = split_words(words[:len(hashes) * 4 * bs], 4 * bs)
+            parts = split_words(words if fits >= n else words[:len(hashes) * 4 * bs], 4 * bs)
             cids = content_ids(parent.cid, parts, block_keys(ev.extra_keys, len(hashes)))
-            try:
-                nodes = list(values_of(fleet.blocks, cids))  # known content: no None to find
-            except KeyError:
-                nodes = [fleet.blocks.get(c) for c in cids]
+            blocks = fleet.blocks
+            if cids[-1] in blocks:  # the chain's end is known: so, nearly always, all of it
+                try:
+                    nodes = list(values_of(blocks, cids))
+                except KeyError:
+                    nodes = [blocks.get(c) for c in cids]
+            else:
+                nodes = [blocks.get(c) for c in cids]
             if None in nodes:
                 created_at = nodes.index(None)
                 fleet.extend(parent, cids, parts, nodes, created_at)
