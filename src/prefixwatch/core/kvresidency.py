@@ -163,7 +163,7 @@ class Residency:
         for h in hashes:
             del res[h], since[h]
         hist.observe_ages([ts - s for s in stamps])
-        self.count[medium] -= n
+        self.count[medium] = self.count.get(medium, 0) - n
         self.total -= n
         if None in nodes:
             self.recent.update(compress(zip(hashes, nodes, strict=True), nodes))
@@ -200,7 +200,7 @@ class Residency:
                 gone.append(node)
         if ages:
             hist.observe_ages(ages)
-            self.count[medium] -= len(ages)
+            self.count[medium] = self.count.get(medium, 0) - len(ages)
             self.total -= len(ages)
         self._release(gone)
         self._forget_recent()
