@@ -231,3 +231,16 @@ def test_a_copy_under_a_resident_hash_is_released_with_it() -> None:
     assert a.snapshot().resident == {"GPU": 0} and a.snapshot().errors == {}
     apply(b, store([50], toks=tokens(2)))  # nobody holds it: not routing
     assert b.snapshot().computed["routing"] == 0
+
+
+def test_what_a_replica_evicted_stays_bounded_by_the_tree() -> None:
+    """Forgotten blocks leave the evicted sets: a stream of content never seen again, stored
+    and removed, keeps them within the content cap."""
+    m = TargetMirror(FleetContent("m", max_blocks=20))
+    for i in range(40):
+        apply(m, store([i], toks=tokens(100 + i)))
+        apply(m, BlockRemoved(block_hashes=[i], medium="GPU"))
+    assert len(m.fleet.blocks) <= 20
+    assert len(m.copies.evicted) <= 20
+    m.fleet.prune_evicted(m.copies.evicted)
+    assert all(m.fleet.blocks.get(node.cid) is node for node in m.copies.evicted)

@@ -32,7 +32,7 @@ from prefixwatch.core.kvcontent import (
 from prefixwatch.core.kvcounts import Divergence, MirrorSnapshot
 from prefixwatch.core.kvevents import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
 from prefixwatch.core.kvparts import COMPUTED_PARTS, ComputedParts
-from prefixwatch.core.kvresidency import Residency
+from prefixwatch.core.kvresidency import RECENT_REMOVED, Residency
 
 DEVICE = "GPU"
 __all__ = ["COMPUTED_PARTS", "DEVICE", "Divergence", "FleetContent", "MirrorSnapshot",
@@ -94,6 +94,8 @@ class TargetMirror:
                 dropped = self.fleet.trim()
                 if dropped:
                     self.count_error(names.KV_ERROR_HISTORY_FULL, dropped)
+            if len(self.copies.evicted) > 2 * (self.fleet.max_blocks + RECENT_REMOVED):
+                self.fleet.prune_evicted(self.copies.evicted)  # bounded, whatever comes
 
     def count_error(self, reason: str, n: int = 1) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + n
