@@ -7,9 +7,9 @@ object per resident block for the cyclic collector to walk). The content each re
 every medium, is counted in its ``held``, and what it removed is in its ``evicted`` (the
 fleet's routing, eviction and forgetting read both).
 
-An event's blocks are held and removed in bulk (dictionary updates and ``map`` over the
-event's hashes, a sort for the lifetimes); a copy at a time only where a medium holds a hash
-twice.
+An event's blocks are held and removed in bulk (dictionary updates and one multi-key lookup
+over the event's hashes, a sort for the lifetimes); a copy at a time only for a run that names
+a hash held twice, a hash not resident, or one hash twice.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class Residency:
         #: its copies.
         self.resident: dict[str, dict[Any, Block | None]] = {}
         self.since: dict[str, dict[Any, Any]] = {}
-        #: medium -> how many of its hashes hold two copies or more (a list in ``since``).
-        self.multi: dict[str, int] = {}
+        #: medium -> its hashes that hold two copies or more (a list in ``since``).
+        self.multi: dict[str, set[Any]] = {}
         self.count: dict[str, int] = {}
         self.total = 0  # resident copies, every medium
         self.lifetimes: dict[str, Histogram] = {}
@@ -118,7 +118,7 @@ class Residency:
                 copies.append(ts)
             else:
                 since[h] = [copies, ts]
-                self.multi[medium] = self.multi.get(medium, 0) + 1
+                self.multi.setdefault(medium, set()).add(h)
         if node is not None:
             self.held[node] += 1
 
@@ -150,7 +150,8 @@ class Residency:
         if res is None:
             return len(hashes)
         since = self.since[medium]
-        if self.multi.get(medium):
+        multi = self.multi.get(medium)
+        if multi and not multi.isdisjoint(hashes):  # some of them have copies
             return self._remove_each(res, since, hist, hashes, medium, ts)
         try:  # one copy of each, every one resident: the common case
             stamps = values_of(since, hashes)
@@ -176,7 +177,7 @@ class Residency:
 
     def _remove_each(self, res: dict[Any, Block | None], since: dict[Any, Any],
                      hist: Histogram, hashes: Sequence[Any], medium: str, ts: float) -> int:
-        """``remove`` a copy at a time (the medium holds some hash twice)."""
+        """``remove`` a copy at a time (one of ``hashes`` has copies, or is not resident)."""
         unknown = 0
         ages: list[float] = []
         gone: list[Block] = []
@@ -190,7 +191,7 @@ class Residency:
                 ages.append(ts - copies.pop(0))
                 if len(copies) == 1:
                     since[h] = copies[0]
-                    self.multi[medium] -= 1
+                    self.multi[medium].discard(h)
             else:
                 ages.append(ts - copies)
                 del res[h], since[h]
