@@ -255,6 +255,21 @@ class TargetMirror:
 
     # -- reading -------------------------------------------------------------------------------
 
+    @property
+    def computed(self) -> dict[str, int]:
+        """Computed tokens by part (read under the fleet's lock, or take a snapshot)."""
+        return self.parts.computed
+
+    @property
+    def loaded(self) -> dict[str, int]:
+        """Loaded tokens by the lower tier that supplied them."""
+        return self.parts.loaded
+
+    @property
+    def resident_count(self) -> dict[str, int]:
+        """Resident copies by medium."""
+        return self.copies.count
+
     def snapshot(self) -> MirrorSnapshot:
         """A copy of the counters, taken under the fleet's lock, for one scrape."""
         parts, copies = self.parts, self.copies
