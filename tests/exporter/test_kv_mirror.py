@@ -128,15 +128,15 @@ def test_the_config_keys_and_their_errors(tmp_path) -> None:
 
 
 def _check_against_the_ledger(monkeypatch) -> list[int]:
-    """Every ``kvmirror.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
+    """Every ``kvlayout.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
     packed-word search must return the same index; returns the answers."""
     from array import array
 
-    from prefixwatch.core import kvmirror
+    from prefixwatch.core import kvlayout
     from prefixwatch.core.layout import layout_end_from
 
     answers: list[int] = []
-    fast = kvmirror.layout_end_packed
+    fast = kvlayout.layout_end_packed
 
     def both(words, d, first, depth, bs):
         q = array("I")
@@ -146,7 +146,7 @@ def _check_against_the_ledger(monkeypatch) -> list[int]:
         answers.append(got)
         return got
 
-    monkeypatch.setattr(kvmirror, "layout_end_packed", both)
+    monkeypatch.setattr(kvlayout, "layout_end_packed", both)
     return answers
 
 
@@ -191,3 +191,56 @@ def test_the_packed_layout_search_is_the_ledgers_on_random_chains(monkeypatch) -
         if rng.random() < 0.3:
             base = toks or base
     assert any(answers) and 0 in answers
+
+
+def test_a_batch_of_runs_counts_as_event_by_event() -> None:
+    """Runs of removals (two media in turn), one-block lower-tier stores (one joined by hash,
+    one only by its tokens) and a hash twice in one store: a batch at once and its events one
+    by one leave the same counters."""
+    def events() -> list:
+        return [store([1, 2, 3], toks=tokens(1, 3)),
+                store([1], parent=None, medium="CPU"), store([2], parent=1, medium="CPU"),
+                store([77], parent=2, toks=tokens(40), medium="CPU"),
+                store([4, 4], parent=3, toks=tokens(2, 2)),
+                BlockRemoved(block_hashes=[1], medium="GPU"),
+                BlockRemoved(block_hashes=[2, 99], medium="GPU"),
+                BlockRemoved(block_hashes=[77], medium="CPU"),
+                BlockRemoved(block_hashes=[4], medium=None),
+                store([1, 2], toks=tokens(1, 2))]
+
+    whole, single = TargetMirror(FleetContent("m")), TargetMirror(FleetContent("m"))
+    apply(whole, *events(), ts=5.0)
+    for event in events():
+        apply(single, event, ts=5.0)
+    a, b = whole.snapshot(), single.snapshot()
+    assert a == b
+    assert a.resident == {"GPU": 4, "CPU": 2}  # 3, a copy of 4, 1 and 2 again; 1, 2 on CPU
+    assert a.errors == {"unknown_block": 1}
+    assert a.loaded == {"CPU": 2 * BS}  # the host tier's 1 and 2 came back
+    assert a.computed["eviction"] == 0
+
+
+def test_a_copy_under_a_resident_hash_is_released_with_it() -> None:
+    """A second store of a resident hash with other tokens is a copy of what that hash
+    holds: removing both copies leaves nothing held, and raises nothing."""
+    fleet = FleetContent("m")
+    a, b = TargetMirror(fleet), TargetMirror(fleet)
+    apply(a, store([1], toks=tokens(1)))
+    apply(a, store([1], toks=tokens(2)))
+    apply(a, BlockRemoved(block_hashes=[1, 1], medium="GPU"))
+    assert a.snapshot().resident == {"GPU": 0} and a.snapshot().errors == {}
+    apply(b, store([50], toks=tokens(2)))  # nobody holds it: not routing
+    assert b.snapshot().computed["routing"] == 0
+
+
+def test_what_a_replica_evicted_stays_bounded_by_the_tree() -> None:
+    """Forgotten blocks leave the evicted sets: a stream of content never seen again, stored
+    and removed, keeps them within the content cap."""
+    m = TargetMirror(FleetContent("m", max_blocks=20))
+    for i in range(40):
+        apply(m, store([i], toks=tokens(100 + i)))
+        apply(m, BlockRemoved(block_hashes=[i], medium="GPU"))
+    assert len(m.fleet.blocks) <= 20
+    assert len(m.copies.evicted) <= 20
+    m.fleet.prune_evicted(m.copies.evicted)
+    assert all(m.fleet.blocks.get(node.cid) is node for node in m.copies.evicted)

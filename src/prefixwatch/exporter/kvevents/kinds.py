@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from prefixwatch.core.kvmirror import Divergence
+from prefixwatch.core.kvcounts import Divergence
 from prefixwatch.core.tokenizers import AuditError, ServerTokenizer
 from prefixwatch.core.whatvaries import guess_kind
 from prefixwatch.exporter.kvevents.source import KvSource

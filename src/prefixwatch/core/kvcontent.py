@@ -1,0 +1,176 @@
+"""The content tree of one model's KV blocks, shared by its replicas' mirrors (pure).
+
+Block hashes are seeded per engine process, so identity here is *content*: the chain of token
+ids from the root plus the LoRA name and the block's extra keys (cache_salt, multimodal
+hashes). A block's content id is Python's hash of (its parent's id, its extra key, its token
+ids packed as 4-byte words): one tuple hash per block, with the chain from the root folded in
+through the parent's id. The tree is bounded: past the cap, the oldest blocks no replica holds
+are forgotten first (counted by the caller).
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import Counter
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import Any
+
+from prefixwatch.core import names
+
+
+class Block:
+    """One content block: its tokens and its place in the chain."""
+
+    __slots__ = ("cid", "parent", "raw", "end", "children")
+
+    def __init__(self, cid: int, parent: Block | None, raw: bytes, end: int) -> None:
+        self.cid = cid
+        self.parent = parent
+        self.raw = raw  # the block's token ids as 4-byte words (b"" for a root)
+        self.end = end  # absolute token depth after this block
+        self.children: dict[int, Block] = {}
+
+    @property
+    def edge(self) -> array:
+        """The tokens as ``array('I')``, made when asked (the layout search, a divergence):
+        the raw words are what identity hashes, and far cheaper to keep."""
+        out = array("I")
+        out.frombytes(self.raw)
+        return out
+
+
+class FleetContent:
+    """The content tree of one model and which of its replicas hold each block (one lock)."""
+
+    def __init__(self, model: str, max_blocks: int = names.KV_MAX_CONTENT_BLOCKS) -> None:
+        self.model = model
+        self.max_blocks = max_blocks
+        self.lock = threading.Lock()
+        self.blocks: dict[int, Block] = {}  # insertion order: the oldest first
+        self.roots: dict[Any, Block] = {}
+        self.forgotten = 0  # blocks dropped from the history by the cap
+        #: Per replica id: content block -> its resident copies there, every medium; and the
+        #: content blocks it removed a copy of (forgotten blocks leave both).
+        self.held: list[Counter[Block]] = []
+        self.evicted: list[set[Block]] = []
+
+    def root(self, key: Any) -> Block:
+        node = self.roots.get(key)
+        if node is None:
+            node = self.roots[key] = Block(hash(("root", key)), None, b"", 0)
+        return node
+
+    def new_replica(self) -> tuple[int, Counter[Block], set[Block]]:
+        """A replica id, its holdings (content block -> copies) and what it evicted."""
+        held: Counter[Block] = Counter()
+        evicted: set[Block] = set()
+        self.held.append(held)
+        self.evicted.append(evicted)
+        return len(self.held) - 1, held, evicted
+
+    def others(self, rid: int) -> list[Counter[Block]]:
+        """The non-empty holdings of every replica but ``rid``."""
+        return [h for i, h in enumerate(self.held) if h and i != rid]
+
+    def extend(self, parent: Block, cids: Sequence[int], parts: Sequence[bytes],
+               nodes: list[Block | None], start: int) -> None:
+        """Make the blocks of a chain that are not known yet (None in ``nodes``, from
+        ``start`` on), each under the block before it (``parent`` before the first)."""
+        blocks = self.blocks
+        prev = nodes[start - 1] if start else parent
+        for i in range(start, len(nodes)):
+            node = nodes[i]
+            if node is None:
+                cid, part = cids[i], parts[i]
+                node = Block(cid, prev, part, prev.end + (len(part) >> 2))  # type: ignore[union-attr]
+                nodes[i] = blocks[cid] = prev.children[cid] = node  # type: ignore[union-attr]
+            prev = node
+
+    def child(self, parent: Block, cid: int, part: bytes) -> Block:
+        """The block ``cid`` (made under ``parent`` when not known)."""
+        node = self.blocks.get(cid)
+        if node is None:
+            node = self.blocks[cid] = Block(cid, parent, part, parent.end + (len(part) >> 2))
+            parent.children[cid] = node
+        return node
+
+    def trim(self) -> int:
+        """Forget the oldest blocks no replica holds until under the cap; returns how many."""
+        blocks = self.blocks
+        held = [h for h in self.held if h]
+        gone: list[Block] = []
+        budget = len(blocks)  # each block is looked at once at most
+        while len(blocks) > self.max_blocks and budget > 0:
+            budget -= 1
+            cid = next(iter(blocks))
+            node = blocks.pop(cid)
+            if any(node in h for h in held):
+                blocks[cid] = node  # held: to the back of the line
+                continue
+            if node.parent is not None:
+                node.parent.children.pop(cid, None)
+            gone.append(node)
+        for evicted in self.evicted:
+            evicted.difference_update(gone)
+        self.forgotten += len(gone)
+        return len(gone)
+
+    def prune_evicted(self, evicted: set[Block]) -> None:
+        """Drop the blocks no longer in the tree from one replica's evicted set (a block
+        forgotten, then held again through its engine hash and removed)."""
+        blocks = self.blocks
+        evicted.intersection_update([n for n in evicted if blocks.get(n.cid) is n])
+
+
+def pack(tokens: list[int]) -> bytes:
+    """Token ids as 4-byte words (what identity hashes and the layout search compares)."""
+    words = array("I")
+    words.fromlist(tokens)  # faster than array("I", tokens), which iterates generically
+    return words.tobytes()
+
+
+def values_of(mapping: Any, keys: Sequence[Any]) -> tuple[Any, ...]:
+    """``mapping[k]`` for each of ``keys`` in one C call (KeyError when one is missing)."""
+    if len(keys) > 1:
+        return itemgetter(*keys)(mapping)
+    return (mapping[keys[0]],) if keys else ()
+
+
+def split_words(words: bytes, width: int) -> list[bytes]:
+    """``words`` cut into blocks of ``width`` bytes."""
+    return [words[o:o + width] for o in range(0, len(words), width)]
+
+
+def content_ids(parent: int, parts: Sequence[bytes], keys: Sequence[Any] | None) -> list[int]:
+    """The content id of each block of a chain that starts under content id ``parent``."""
+    out: list[int] = []
+    keep = out.append
+    if keys is None:
+        for part in parts:
+            parent = hash((parent, None, part))
+            keep(parent)
+    else:
+        for part, key in zip(parts, keys, strict=True):
+            parent = hash((parent, key, part))
+            keep(parent)
+    return out
+
+
+def block_keys(extra: list[Any] | None, n: int) -> list[Any] | None:
+    """The identity key of each of ``n`` blocks from an event's extra keys (None: none)."""
+    if not extra or extra.count(None) == len(extra):
+        return None
+    keys = [None if x is None else freeze(x) for x in extra[:n]]
+    keys.extend([None] * (n - len(keys)))
+    return keys
+
+
+def freeze(value: Any) -> Any:
+    """An extra key as a hashable value (msgpack gives lists)."""
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
+    return value

@@ -1,0 +1,83 @@
+"""What a KV mirror counts and hands out: histograms, divergences, a scrape's snapshot (pure)."""
+
+from __future__ import annotations
+
+import bisect
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Divergence:
+    """Where a new chain left the closest known chain, with the tokens on both sides."""
+
+    position: int
+    before: list[int]
+    mine: list[int]
+    theirs: list[int]
+    chain_tokens: int  # the new chain's known length, for the own-content share
+
+
+@dataclass
+class Histogram:
+    """Cumulative-on-read bucket counts of one histogram series."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def observe_ages(self, ages: list[float]) -> None:
+        """``observe`` each of ``ages``, negative (clock skew) or NaN ages as 0: summed in
+        order, then sorted and cut at the bounds (a bisection per bound, not per value)."""
+        total = sum(ages)
+        ordered = sorted(ages)
+        if not (total == total and ordered[0] > 0.0):
+            ages = [a if a > 0.0 else 0.0 for a in ages]
+            total = sum(ages)
+            ordered = sorted(ages)
+        counts, below = self.counts, 0
+        for k, bound in enumerate(self.bounds):
+            upto = bisect_right(ordered, bound)  # bisect_left(bounds, age) <= k: age <= bound
+            counts[k] += upto - below
+            below = upto
+        counts[-1] += len(ordered) - below
+        self.total += total
+        self.n += len(ordered)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, run = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            run += count
+            out.append((bound, run))
+        return out
+
+
+@dataclass(frozen=True)
+class MirrorSnapshot:
+    """A copy of one mirror's counters, for one scrape."""
+
+    model: str
+    block_size: int
+    events: dict[str, int]
+    errors: dict[str, int]
+    stored: dict[str, int]
+    removed: dict[str, int]
+    resident: dict[str, int]
+    lifetimes: dict[str, tuple[list[tuple[float, int]], float]]
+    computed: dict[str, int]
+    loaded: dict[str, int]
+    divergence: tuple[list[tuple[float, int]], float]
+
+    @property
+    def computed_tokens(self) -> int:
+        return sum(self.computed.values())

@@ -1,0 +1,134 @@
+"""Why each device block a replica stored had to be computed, or which tier supplied it (pure).
+
+Every device block a replica stores and no lower tier of it supplied was computed; it is
+classified once, when stored, by why (in tokens, ``block_size`` each):
+
+- ``eviction``: this replica held that content before and removed it;
+- ``routing``: otherwise, another replica of the model holds it now (any medium);
+- ``layout``: otherwise, the same text as an earlier chain after a short divergence
+  (``core.ledger.layout_end_from``, the request ledger's own definition, here on the packed
+  words: ``kvlayout.layout_end_packed``);
+- ``novel``: the rest.
+
+A device block whose hash a lower tier of the same replica holds is ``loaded`` from that tier,
+not computed. Each part is decided for a whole event at once (set membership over its blocks).
+Where a new chain leaves the closest known chain is kept as a token position (a timestamp at
+token 8 reads 8), with the tokens on both sides so a tokenizer can say what varies there.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import Any
+
+from prefixwatch.core import kvlayout, names
+from prefixwatch.core.kvcontent import Block
+from prefixwatch.core.kvcounts import Divergence, Histogram
+
+#: Why a device block had to be computed (prefixwatch_kv_computed_tokens_total{part}).
+COMPUTED_PARTS: tuple[str, ...] = names.KV_COMPUTED_PARTS
+#: The tokens around a divergence kept for a tokenizer (each side).
+DIVERGENCE_CONTEXT = 24
+#: Divergences waiting for a tokenizer, at most.
+MAX_PENDING_DIVERGENCES = 256
+
+class ComputedParts:
+    """One replica's computed tokens by part, loaded tokens by tier, and its divergences."""
+
+    def __init__(self) -> None:
+        self.computed = dict.fromkeys(COMPUTED_PARTS, 0)
+        self.loaded: dict[str, int] = {}
+        self.divergence = Histogram(names.DIVERGENCE_BUCKETS)
+        self.pending: deque[Divergence] = deque(maxlen=MAX_PENDING_DIVERGENCES)
+
+    def claim(self, nodes: Sequence[Block | None], hashes: Sequence[Any],
+              lower: list[tuple[str, dict[Any, Any]]], evicted: set[Block],
+              others: list[Counter[Block]], bs: int) -> list[Block | None]:
+        """Count the loaded, eviction and routing blocks of one device store; returns its
+        chain with those (and blocks of unknown content, novel) as None: the rest is layout
+        or novel (``layout``)."""
+        chain = list(nodes)
+        loaded_here = 0
+        source: list[str | None] | None = None
+        for medium, per in lower:  # the first lower tier holding a hash supplied it
+            if per.keys().isdisjoint(hashes):
+                continue
+            if source is None:
+                source = [None] * len(chain)
+            source = [s if s is not None or h not in per else medium
+                      for s, h in zip(source, hashes, strict=True)]
+        if source is not None:
+            for medium, _per in lower:
+                k = source.count(medium)
+                if k:
+                    self.loaded[medium] = self.loaded.get(medium, 0) + k * bs
+                    loaded_here += k
+            chain = [None if s is not None else node
+                     for node, s in zip(chain, source, strict=True)]
+        claimed = chain.count(None)
+        computed = self.computed
+        computed["novel"] += (claimed - loaded_here) * bs  # content not known: novel
+        if not evicted.isdisjoint(chain):
+            chain = [None if node in evicted else node for node in chain]
+            now = chain.count(None)
+            computed["eviction"] += (now - claimed) * bs
+            claimed = now
+        for held in others:
+            if not held.keys().isdisjoint(chain):
+                chain = [None if node in held else node for node in chain]
+                now = chain.count(None)
+                computed["routing"] += (now - claimed) * bs
+                claimed = now
+        return chain
+
+    def layout(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
+               words: bytes, bs: int) -> None:
+        """Layout or novel for the computed blocks no other part claimed."""
+        computed = self.computed
+        layout_until = -1  # blocks of the chain before this index are layout
+        if created_at >= 0:
+            new = chain[created_at]  # None: loaded, whatever its content
+            start = self._divergence(new, created_at, toks, bs) if new is not None else None
+            if start is not None:
+                first, j, depth = start
+                end = kvlayout.layout_end_packed(words[created_at * 4 * bs:], j, first, depth,
+                                                 bs)
+                if end:
+                    layout_until = created_at + end // bs
+        kept = len(chain) - chain.count(None)
+        layout = 0
+        if layout_until > created_at >= 0:
+            span = chain[created_at:layout_until]
+            layout = len(span) - span.count(None)
+        computed["layout"] += layout * bs
+        computed["novel"] += (kept - layout) * bs
+
+    def _divergence(self, new: Block, at: int, toks: Sequence[int], bs: int
+                    ) -> tuple[Block, int, int] | None:
+        """Observe where the chain that creates ``new`` leaves the closest known chain; returns
+        (the sibling's first block, the offset in ``new``, the absolute depth) for layout."""
+        parent = new.parent
+        assert parent is not None
+        sibling = None
+        for child in reversed(parent.children.values()):
+            if child is not new:
+                sibling = child
+                break
+        if sibling is None:
+            if parent.parent is not None:  # extends a known chain at its end
+                self.divergence.observe(parent.end)
+            return None
+        mine, theirs = new.edge, sibling.edge
+        j = 0
+        while j < bs and mine[j] == theirs[j]:
+            j += 1
+        position = parent.end + j
+        self.divergence.observe(position)
+        lo = at * bs + j
+        self.pending.append(Divergence(
+            position, list(toks[max(0, lo - DIVERGENCE_CONTEXT):lo]),
+            list(toks[lo:lo + DIVERGENCE_CONTEXT]),
+            kvlayout.path_tokens(sibling, j, DIVERGENCE_CONTEXT),
+            parent.end + len(toks) - at * bs))
+        return sibling, j, parent.end + j
