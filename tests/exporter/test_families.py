@@ -84,6 +84,7 @@ def kv_exporter(tmp_path) -> Exporter:
     first = [*map(zeroed, final[:len(STREAMS)]), *final[len(STREAMS):]]
     for mon, page in zip(exp.monitors, first, strict=True):
         mon.ingest(page, now - 10)
+        exp.kv_ledgers.after_poll(mon.name, None, now - 10)
     exp.tick()
     for name, r in STREAMS:
         for msg in recording(name):
@@ -91,7 +92,9 @@ def kv_exporter(tmp_path) -> Exporter:
                 exp.kv.sources[f"{name}-{r}"].ingest(msg.frames)
     KindNamer(exp.kv.sources, {}, threading.Event()).name_once()  # no tokenizer: "unknown"
     for mon, page in zip(exp.monitors, final, strict=True):
+        before = exp.kv_ledgers.before_poll(mon.name)  # as Exporter._poll samples its ledger
         mon.ingest(page, now)
+        exp.kv_ledgers.after_poll(mon.name, before, now)
         assert mon.up, mon.last_error
     exp.tick()
     return exp
