@@ -40,8 +40,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core, as the end-to-end tests mostly wait."""
-    return 2 * (os.cpu_count() or 1)
+    """``-n auto``: three workers per core, as the end-to-end tests mostly wait (on compressed
+    wall-clock windows) and promtool, the one long CPU load, runs at a lower priority."""
+    return 3 * (os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -139,6 +140,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A port where a connection is refused for as long as the block runs: bound and never
+    listening, so no other server can take it meanwhile (a port merely found free can be
+    taken by any server on port 0 before the test connects)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
 
 
 _LISTENING = re.compile(r'msg="Listening on" address=\S*:(\d+)')
@@ -277,10 +290,12 @@ PROMTOOL_TIMEOUT = 900
 def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real promtool (``check``, ``test rules``), its output captured. Its garbage
     collector is tuned for short runs (``GOGC=800`` unless set): a generated suite allocates
-    a parsed query per rule and step, and collects a third less often for 200 MB. It runs
-    at a lower priority (``_lower_priority``)."""
+    a parsed query per rule and step, and collects a third less often for 200 MB. One
+    thread runs Go code (``GOMAXPROCS=1`` unless set: it evaluates one step at a time, and a
+    second would only run the collector's idle workers beside the other tests), at a lower
+    priority (``_lower_priority``)."""
     promtool = require_binary("promtool", "prometheus")
-    env = {**os.environ, "GOGC": os.environ.get("GOGC", "800")}
+    env = {"GOGC": "800", "GOMAXPROCS": "1", **os.environ}
     return subprocess.run([promtool, *args], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=PROMTOOL_TIMEOUT, preexec_fn=_lower_priority)
 
