@@ -3,8 +3,10 @@
 The suite runs in parallel (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml's
 addopts), so every test must be safe beside any other in another process:
 
-- temporary files under ``tmp_path`` only; servers on 127.0.0.1 with port 0 where the server
-  can report the port it got (``free_port()`` only for binaries that cannot);
+- temporary files under ``tmp_path`` only; servers on 127.0.0.1 with port 0, the port read
+  from what the server reports (``start_listening``, ``start_prometheus``); ``free_port()``
+  only where a port must be given twice (a demo restarted on the same ports), with a retry
+  when another process takes it first; ``refused_port()`` for an unreachable address;
 - anything cached across tests or runs (the npm packages under ~/.cache/prefixwatch) is
   built under a file lock (``npm_packages``);
 - tests that share an expensive module fixture carry one ``xdist_group`` mark
@@ -13,8 +15,9 @@ addopts), so every test must be safe beside any other in another process:
   ``integration`` and may take any group of their own, e.g. ``xdist_group("compose")`` for a
   Docker Compose test, so they never wait behind each other.
 
-Most end-to-end tests wait on compressed wall-clock time rather than the CPU, so ``-n auto``
-starts two workers per core (``pytest_xdist_auto_num_workers`` below);
+Most end-to-end tests wait on compressed wall-clock time rather than the CPU, and promtool
+(the one long CPU load) runs at a lower priority, so ``-n auto`` starts three workers per core
+(``pytest_xdist_auto_num_workers`` below);
 ``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` or ``-n N`` chooses another number, ``-n 0`` none.
 """
 
