@@ -3,8 +3,10 @@
 The suite runs in parallel (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml's
 addopts), so every test must be safe beside any other in another process:
 
-- temporary files under ``tmp_path`` only; servers on 127.0.0.1 with port 0 where the server
-  can report the port it got (``free_port()`` only for binaries that cannot);
+- temporary files under ``tmp_path`` only; servers on 127.0.0.1 with port 0, the port read
+  from what the server reports (``start_listening``, ``start_prometheus``); ``free_port()``
+  only where a port must be given twice (a demo restarted on the same ports), with a retry
+  when another process takes it first; ``refused_port()`` for an unreachable address;
 - anything cached across tests or runs (the npm packages under ~/.cache/prefixwatch) is
   built under a file lock (``npm_packages``);
 - tests that share an expensive module fixture carry one ``xdist_group`` mark
@@ -13,8 +15,9 @@ addopts), so every test must be safe beside any other in another process:
   ``integration`` and may take any group of their own, e.g. ``xdist_group("compose")`` for a
   Docker Compose test, so they never wait behind each other.
 
-Most end-to-end tests wait on compressed wall-clock time rather than the CPU, so ``-n auto``
-starts two workers per core (``pytest_xdist_auto_num_workers`` below);
+Most end-to-end tests wait on compressed wall-clock time rather than the CPU, and promtool
+(the one long CPU load) runs at a lower priority, so ``-n auto`` starts three workers per core
+(``pytest_xdist_auto_num_workers`` below);
 ``PYTEST_XDIST_AUTO_NUM_WORKERS=N`` or ``-n N`` chooses another number, ``-n 0`` none.
 """
 
@@ -22,10 +25,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,13 +37,15 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per core, as the end-to-end tests mostly wait."""
-    return 2 * (os.cpu_count() or 1)
+    """``-n auto``: three workers per core, as the end-to-end tests mostly wait (on compressed
+    wall-clock windows) and promtool, the one long CPU load, runs at a lower priority."""
+    return 3 * (os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -139,6 +145,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A port where a connection is refused for as long as the block runs: bound and never
+    listening, so no other server can take it meanwhile (a port merely found free can be
+    taken by any server on port 0 before the test connects)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
 _LISTENING = re.compile(r'msg="Listening on" address=\S*:(\d+)')
 
 
@@ -178,6 +196,38 @@ def start_listening(cmd: list[str], timeout: float = 30) -> Listening:
         proc.kill()
         raise AssertionError(f"{cmd[0]} did not start listening: {''.join(lines)[-2000:]}")
     return Listening(proc, found[0], lines)
+
+
+_RELOADED = 'msg="Completed loading of configuration file"'
+
+
+def start_prometheus(binary: str, config_path: Path, config: Callable[[str], dict],
+                     *args: str, self_job: str = "prometheus") -> Listening:
+    """A Prometheus on ``127.0.0.1:0`` whose config names its own address (the stack's
+    self-scrape job ``self_job``): ``config(address)`` gives the config for an address.
+
+    It starts without the self-scrape job, its port is read from its log, then the whole
+    config (the job pointed at that port) is written and loaded with SIGHUP; this returns
+    once its log says that load completed. No port is handed over from a closed socket.
+    """
+    def without_self(cfg: dict) -> dict:
+        jobs = [j for j in cfg.get("scrape_configs", []) if j.get("job_name") != self_job]
+        return {**cfg, "scrape_configs": jobs}
+
+    config_path.write_text(yaml.safe_dump(without_self(config("127.0.0.1:0"))))
+    started = start_listening([binary, f"--config.file={config_path}",
+                               "--web.listen-address=127.0.0.1:0", *args])
+    config_path.write_text(yaml.safe_dump(config(f"127.0.0.1:{started.port}")))
+    # Prometheus holds a SIGHUP until its first load is done, then loads again: two loads.
+    started.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while sum(_RELOADED in line for line in list(started.log)) < 2:
+        if started.proc.poll() is not None or time.monotonic() > deadline:
+            started.proc.kill()
+            raise AssertionError(f"{binary} did not reload its config: "
+                                 f"{''.join(started.log)[-2000:]}")
+        time.sleep(0.05)
+    return started
 
 
 def with_counters(page: str, queries: float, hits: float) -> str:
@@ -243,11 +293,21 @@ PROMTOOL_TIMEOUT = 900
 def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real promtool (``check``, ``test rules``), its output captured. Its garbage
     collector is tuned for short runs (``GOGC=800`` unless set): a generated suite allocates
-    a parsed query per rule and step, and collects a third less often for 200 MB."""
+    a parsed query per rule and step, and collects a third less often for 200 MB. One
+    thread runs Go code (``GOMAXPROCS=1`` unless set: it evaluates one step at a time, and a
+    second would only run the collector's idle workers beside the other tests), at a lower
+    priority (``_lower_priority``)."""
     promtool = require_binary("promtool", "prometheus")
-    env = {**os.environ, "GOGC": os.environ.get("GOGC", "800")}
+    env = {"GOGC": "800", "GOMAXPROCS": "1", **os.environ}
     return subprocess.run([promtool, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=PROMTOOL_TIMEOUT)
+                          timeout=PROMTOOL_TIMEOUT, preexec_fn=_lower_priority)
+
+
+def _lower_priority() -> None:
+    """promtool is pure CPU work with no clock to keep: at a lower priority (nice 10) it
+    takes the cores only when the end-to-end tests beside it, whose compressed windows run on
+    the wall clock, leave them idle."""
+    os.nice(10)
 
 
 def _promql_seconds(text: str) -> int:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -102,16 +104,35 @@ def test_example_config_is_valid() -> None:
     assert cfg.targets and cfg.interval > 0
 
 
+_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+/metrics)")
+
+
+def start_exporter(*args: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """`prefixwatch exporter ARGS` on 127.0.0.1:0: the /metrics URL from its own "listening
+    on" log line (no port handed over from a closed socket), and its stderr lines so far."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefixwatch.cli", "exporter", "--listen-address", "127.0.0.1:0",
+         *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(30, proc.kill)  # a silent exporter ends the read below
+    watchdog.start()
+    head: list[str] = []
+    try:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            head.append(line)
+            if match := _LISTENING.search(line):
+                return proc, match.group(1), head
+    finally:
+        watchdog.cancel()
+    proc.kill()
+    raise AssertionError(f"the exporter never said where it listens: {''.join(head)[-2000:]}")
+
+
 def test_exporter_command_end_to_end(page_server: PageServer, vllm_page: str) -> None:
     """`prefixwatch exporter --target URL` against a server serving the fixture, then a
     changed fixture: the right counters and window ratios."""
     page_server.serve(with_counters(vllm_page, 13902, 7168))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefixwatch.cli", "exporter", "--target", page_server.url,
-         "--listen-address", f"127.0.0.1:{port}", "--interval", "0.3", "--window", "1m"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
+    proc, url, head = start_exporter("--target", page_server.url, "--interval", "0.3",
+                                     "--window", "1m")
 
     def scrape() -> str:
         deadline = time.monotonic() + 10
@@ -141,6 +162,7 @@ def test_exporter_command_end_to_end(page_server: PageServer, vllm_page: str) ->
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)
+    err = "".join(head) + err
     assert proc.returncode == 0
     assert "listening on" in err and "stopped" in err
 
@@ -168,13 +190,9 @@ def test_exporter_command_with_a_requests_log(page_server: PageServer, vllm_page
     lines = [json.dumps({"prompt_token_ids": shared + [i] * 8}) for i in range(30)]
     lines.insert(5, '{"prompt_token_ids": [1, 2,')  # a line cut by a crash
     log_path.write_text("\n".join(lines) + "\n")
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefixwatch.cli", "exporter", "--target", page_server.url,
-         "--listen-address", f"127.0.0.1:{port}", "--interval", "0.3",
-         "--requests-log", str(log_path), "--requests-tokenizer", "none"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}/metrics"
+    proc, url, head = start_exporter("--target", page_server.url, "--interval", "0.3",
+                                     "--requests-log", str(log_path),
+                                     "--requests-tokenizer", "none")
     try:
         deadline = time.monotonic() + 15
         text = ""
@@ -198,6 +216,7 @@ def test_exporter_command_with_a_requests_log(page_server: PageServer, vllm_page
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)
+    err = "".join(head) + err
     assert proc.returncode == 0, err
     assert "requests log" in err and "skipped" in err
 

@@ -27,7 +27,13 @@ from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.conftest import free_port, require_binary, stop_processes, wait_ready
+from tests.conftest import (
+    require_binary,
+    start_listening,
+    start_prometheus,
+    stop_processes,
+    wait_ready,
+)
 
 ROOT = Path(__file__).parents[2]
 TIME_SCALE = 0.05  # 5m windows become 15s, `for: 2m` becomes 6s
@@ -91,36 +97,35 @@ def test_timestamp_regression_pages_on_call(tmp_path: Path) -> None:
         (rules_dir / "prefixwatch.exporter.rules.yml").write_text(
             rules.render("exporter", rules_cfg))
         # The stack's Alertmanager config, with the pager URL from the environment.
-        am_port, prom_port = free_port(), free_port()
         (tmp_path / "alertmanager.yml").write_text(alertmanager.render({
             alertmanager.ENV_PAGER: hook.url("/page"),
             alertmanager.ENV_TICKET: hook.url("/ticket"),
             alertmanager.ENV_WATCHDOG: hook.url("/watchdog")}, time_scale=TIME_SCALE))
-        # The stack's Prometheus config, addresses adjusted for loopback.
-        prom_cfg = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
-        prom_cfg["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
-        prom_cfg["rule_files"] = [str(rules_dir / "*.rules.yml")]
-        prom_cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
-            f"127.0.0.1:{am_port}"]
-        for job in prom_cfg["scrape_configs"]:
-            if job["job_name"] == "prefixwatch":
-                job["static_configs"][0]["targets"] = [f"127.0.0.1:{exporter.port}"]
-            else:
-                job["static_configs"][0]["targets"] = [f"127.0.0.1:{prom_port}"]
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-
-        procs.append(subprocess.Popen(
+        am = start_listening(
             [am_binary, f"--config.file={tmp_path / 'alertmanager.yml'}",
              f"--storage.path={tmp_path / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--rules.alert.resend-delay=2s"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        wait_ready(f"http://127.0.0.1:{am_port}/-/ready", procs[0])
-        wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", procs[1])
+             "--web.listen-address=127.0.0.1:0", "--cluster.listen-address="])
+        procs.append(am.proc)
+        wait_ready(f"{am.url}/-/ready", am.proc)
+
+        def prom_cfg(self_address: str) -> dict:
+            """The stack's Prometheus config, addresses adjusted for loopback."""
+            cfg = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())
+            cfg["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+            cfg["rule_files"] = [str(rules_dir / "*.rules.yml")]
+            cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [
+                f"127.0.0.1:{am.port}"]
+            for job in cfg["scrape_configs"]:
+                job["static_configs"][0]["targets"] = [
+                    f"127.0.0.1:{exporter.port}" if job["job_name"] == "prefixwatch"
+                    else self_address]
+            return cfg
+
+        prom = start_prometheus(prometheus, tmp_path / "prometheus.yml", prom_cfg,
+                                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                                "--rules.alert.resend-delay=2s")
+        procs.append(prom.proc)
+        wait_ready(f"{prom.url}/-/ready", prom.proc)
         driver.start()
         switched_at = None
         paged_before_switch: list[dict] = []

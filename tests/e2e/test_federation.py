@@ -31,7 +31,13 @@ from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.conftest import free_port, require_binary, stop_processes, wait_ready
+from tests.conftest import (
+    Listening,
+    require_binary,
+    start_listening,
+    stop_processes,
+    wait_ready,
+)
 
 TIME_SCALE = 0.05  # 1m windows become 3s, 5m become 15s, `for: 2m` becomes 6s
 CLUSTER = "cluster"
@@ -55,15 +61,16 @@ class Cluster:
             targets=name_targets(targets), interval=0.5, listen_address="127.0.0.1:0",
             windows=("1m",)))
         self.exporter.start()
-        self.prom_port = free_port()
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                           "external_labels": {CLUSTER: self.name}},
                "scrape_configs": [{"job_name": "prefixwatch", "static_configs": [
                    {"targets": [f"127.0.0.1:{self.exporter.port}"]}]}]}
         path = tmp / f"{self.name}.yml"
         path.write_text(yaml.safe_dump(cfg))
-        procs.append(_prometheus(prometheus, path, tmp / f"{self.name}-data", self.prom_port))
-        wait_ready(f"http://127.0.0.1:{self.prom_port}/-/ready", procs[-1])
+        started = _prometheus(prometheus, path, tmp / f"{self.name}-data")
+        procs.append(started.proc)
+        self.prom_port = started.port
+        wait_ready(f"http://127.0.0.1:{self.prom_port}/-/ready", started.proc)
 
     def stop(self) -> None:
         for driver in self.drivers:
@@ -74,11 +81,10 @@ class Cluster:
             server.stop()
 
 
-def _prometheus(binary: str, config: Path, data: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _prometheus(binary: str, config: Path, data: Path) -> Listening:
+    """Prometheus on a port of its own choosing (these configs never name it)."""
+    return start_listening([binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+                            "--web.listen-address=127.0.0.1:0"])
 
 
 def _query(port: int, expr: str) -> list[dict]:
@@ -108,7 +114,6 @@ def test_global_view_alerts_per_cluster_and_sums_before_dividing(tmp_path: Path)
         rules_dir = tmp_path / "rules"
         rules_dir.mkdir()
         (rules_dir / "prefixwatch.exporter.rules.yml").write_text(rules.render("exporter", mixin))
-        global_port = free_port()
         federate = {
             "job_name": "federate", "honor_labels": True, "metrics_path": "/federate",
             "params": {"match[]": ['{__name__=~"prefixwatch_.*"}']},
@@ -116,12 +121,13 @@ def test_global_view_alerts_per_cluster_and_sums_before_dividing(tmp_path: Path)
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                "rule_files": [str(rules_dir / "*.rules.yml")], "scrape_configs": [federate]}
         (tmp_path / "global.yml").write_text(yaml.safe_dump(cfg))
-        procs.append(_prometheus(prometheus, tmp_path / "global.yml", tmp_path / "global-data",
-                                 global_port))
-        wait_ready(f"http://127.0.0.1:{global_port}/-/ready", procs[-1])
+        global_prom = _prometheus(prometheus, tmp_path / "global.yml", tmp_path / "global-data")
+        procs.append(global_prom.proc)
+        global_port = global_prom.port
+        wait_ready(f"http://127.0.0.1:{global_port}/-/ready", global_prom.proc)
 
         east.drivers = [Driver([east.servers[0].replica], SCENARIOS["static-system-prompt"],
-                               rate=25, seed=3, switch_at=25,
+                               rate=25, seed=3, switch_at=15,
                                switch_to=SCENARIOS["timestamp-at-top"])]
         west.drivers = [Driver([west.servers[0].replica], SCENARIOS["static-system-prompt"],
                                rate=40, seed=4),

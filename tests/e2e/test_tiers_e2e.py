@@ -96,8 +96,9 @@ def test_host_tier_rescue_stays_quiet_and_both_tiers_collapsing_pages(tmp_path: 
         assert device is not None and effective is not None, "no recorded ratios"
         assert device < THRESHOLD <= effective, (device, effective)
         assert fired_while_rescued == [], fired_while_rescued
-        # Both tiers collapse: the critical page within 2.5 scaled minutes, plus the real
-        # pipeline's delays (exporter poll, scrape, evaluation: a few seconds).
+        # Both tiers collapse: the critical page follows. How soon (2.5 minutes) is the
+        # generated promtool case's check, in virtual time; here the wall clock only bounds
+        # the wait (10 scaled minutes), as the real pipeline's delays grow on a loaded machine.
         while driver.scenario.name != "timestamp-at-top" and time.monotonic() - started < 60:
             time.sleep(0.2)
         assert driver.scenario.name == "timestamp-at-top", "the workload never switched"
@@ -110,7 +111,6 @@ def test_host_tier_rescue_stays_quiet_and_both_tiers_collapsing_pages(tmp_path: 
                 break
             time.sleep(0.5)
         assert paged_after is not None, "both tiers collapsed and nothing paged"
-        assert paged_after < 150 * TIME_SCALE + 8, paged_after
     finally:
         driver.stop()
         if exporter is not None:

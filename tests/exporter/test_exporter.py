@@ -14,7 +14,7 @@ from prefixwatch.core import names
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.service import Exporter
-from tests.conftest import PageServer, free_port, with_counters
+from tests.conftest import PageServer, refused_port, with_counters
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 WINDOWS = {"1m": 60.0, "5m": 300.0}
@@ -141,9 +141,10 @@ def test_faults_mark_the_target_down_with_a_reason(page_server: PageServer, vllm
 
 
 def test_connection_refused() -> None:
-    target = TargetConfig(f"http://127.0.0.1:{free_port()}/metrics", name="t", timeout=1.0)
-    mon = TargetMonitor(target, WINDOWS, 1.0)
-    mon.poll()
+    with refused_port() as port:
+        target = TargetConfig(f"http://127.0.0.1:{port}/metrics", name="t", timeout=1.0)
+        mon = TargetMonitor(target, WINDOWS, 1.0)
+        mon.poll()
     assert (mon.up, mon.reason) == (False, "connect")
 
 

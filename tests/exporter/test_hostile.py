@@ -28,7 +28,7 @@ from prefixwatch.core.errors import ConfigError
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, build_config, name_targets
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.service import Exporter
-from tests.conftest import PageServer, free_port, with_counters
+from tests.conftest import PageServer, with_counters
 
 SECRET = "hunter2-s3cr3t"
 TOKEN = "tok-9f8e7d6c5b"
@@ -338,10 +338,11 @@ def test_basic_auth_from_a_web_config_file(vllm_page: str, tmp_path: Path) -> No
             exporter.stop()
 
 
-def _exporter_process(target: str, port: int) -> subprocess.Popen:
+def _exporter_process(target: str) -> subprocess.Popen:
+    """The exporter on a port of its own choosing (the test never connects to it)."""
     return subprocess.Popen(
         [sys.executable, "-m", "prefixwatch.cli", "exporter", "--target", target,
-         "--interval", "0.2", "--timeout", "30", "--listen-address", f"127.0.0.1:{port}"],
+         "--interval", "0.2", "--timeout", "30", "--listen-address", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -349,8 +350,7 @@ def _exporter_process(target: str, port: int) -> subprocess.Popen:
                          ids=["slow_headers", "slow_body", "silent"])
 def test_sigterm_ends_the_process_within_2s(behave: Callable) -> None:
     raw = RawServer(behave)
-    port = free_port()
-    proc = _exporter_process(raw.url.replace("http://", f"http://a:{SECRET}@"), port)
+    proc = _exporter_process(raw.url.replace("http://", f"http://a:{SECRET}@"))
     try:
         deadline = time.monotonic() + 20
         while raw.accepted == 0 and time.monotonic() < deadline:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-import yaml
 
 from prefixwatch.core import causes
 from prefixwatch.core.windows import parse_duration
@@ -26,14 +25,7 @@ from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import start_prometheus, wait_ready
 
 
 @dataclass
@@ -67,7 +59,7 @@ class LoopbackStack:
         self.driver = Driver(self.replicas, SCENARIOS["static-system-prompt"], rate=rate, seed=7)
         self.exporter: Exporter | None = None
         self.proc: subprocess.Popen | None = None
-        self.prom_port = _free_port()
+        self.prom_port = 0  # Prometheus's own choice, known once it listens (start())
         self.truth = Truth()
         self.firing_seen: dict[str, float] = {}
         self._stop = threading.Event()
@@ -102,28 +94,14 @@ class LoopbackStack:
         (rules_dir / "prefixwatch.exporter.rules.yml").write_text(
             rules.render("exporter", mixin_config.MixinConfig(time_scale=self.time_scale)))
         every = mixin_config.prom_duration(self.interval)
-        cfg = stack.prometheus_config(
-            f"127.0.0.1:{self.exporter.port}", None, [str(rules_dir / "*.rules.yml")],
-            scrape_interval=every, evaluation_interval=every,
-            self_address=f"127.0.0.1:{self.prom_port}")
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        self.proc = subprocess.Popen(
-            [self.prometheus, f"--config.file={self.workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.workdir / 'prom-data'}",
-             f"--web.listen-address=127.0.0.1:{self.prom_port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}")
-            try:
-                if requests.get(f"{self.prom_url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("prometheus not ready within 30s")
-            time.sleep(0.2)
+        started = start_prometheus(
+            self.prometheus, self.workdir / "prometheus.yml",
+            lambda self_address: stack.prometheus_config(
+                f"127.0.0.1:{self.exporter.port}", None, [str(rules_dir / "*.rules.yml")],
+                scrape_interval=every, evaluation_interval=every, self_address=self_address),
+            f"--storage.tsdb.path={self.workdir / 'prom-data'}")
+        self.proc, self.prom_port = started.proc, started.port
+        wait_ready(f"{self.prom_url}/-/ready", self.proc)
         self.driver.start()
         for target in (self._sample_truth, self._watch_alerts):
             thread = threading.Thread(target=target, daemon=True)
@@ -161,6 +139,14 @@ class LoopbackStack:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
             time.sleep(0.2)
+
+    def query(self, expr: str) -> list[dict]:
+        """An instant query's result now ([] when Prometheus does not answer)."""
+        try:
+            return requests.get(f"{self.prom_url}/api/v1/query", params={"query": expr},
+                                timeout=2).json()["data"]["result"]
+        except (requests.RequestException, ValueError, KeyError):
+            return []
 
     def fleet_ratio_now(self, window: str = "5s") -> float | None:
         expr = (f"sum(rate(prefixwatch_prefix_cache_hits_total[{window}])) / "

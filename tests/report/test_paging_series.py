@@ -11,14 +11,12 @@ agree to 0.001.
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 from prefixwatch.core import families, rulenames
 from prefixwatch.core.windows import parse_duration
@@ -31,8 +29,8 @@ from prefixwatch.report import Request, write_report
 from tests.conftest import (
     FIXTURES,
     PageServer,
-    free_port,
     require_binary,
+    start_prometheus,
     stop_processes,
     wait_ready,
 )
@@ -121,24 +119,44 @@ def stack_up(tmp_path_factory: pytest.TempPathFactory):
     exporter.start()
     cfg = MixinConfig(time_scale=SCALE)
     (work / "prefixwatch.exporter.rules.yml").write_text(rules.render("exporter", cfg))
-    port = free_port()
-    prom_cfg = stack.prometheus_config(
-        f"127.0.0.1:{exporter.port}", None, [str(work / "*.rules.yml")], scrape_interval="1s",
-        evaluation_interval="1s", self_address=f"127.0.0.1:{port}")
-    (work / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg))
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={work / 'prometheus.yml'}",
-         f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    prom = f"http://127.0.0.1:{port}"
+    procs = []
     try:
-        wait_ready(f"{prom}/-/ready", proc)
-        yield prom, page, server, cfg, work
+        started = start_prometheus(
+            prometheus, work / "prometheus.yml",
+            lambda self_address: stack.prometheus_config(
+                f"127.0.0.1:{exporter.port}", None, [str(work / "*.rules.yml")],
+                scrape_interval="1s", evaluation_interval="1s", self_address=self_address),
+            f"--storage.tsdb.path={work / 'data'}")
+        procs.append(started.proc)
+        wait_ready(f"{started.url}/-/ready", started.proc)
+        yield started.url, page, server, cfg, work
     finally:
         page.stop.set()
         exporter.stop()
-        stop_processes([proc])
+        stop_processes(procs)
         server.close()
+
+
+EVALUATION = 1.0  # seconds, Prometheus's scrape and evaluation interval here
+
+
+def last_evaluation(prom: str) -> float:
+    """When Prometheus last evaluated the alert group (Unix seconds; 0 before the first)."""
+    groups = requests.get(f"{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    times = [g.get("lastEvaluation", "") for g in groups if any(
+        r.get("name") == rulenames.ALERT_LOW for r in g["rules"])]
+    return max((_unix(t) for t in times if t and not t.startswith("0001")), default=0.0)
+
+
+def _unix(rfc3339: str) -> float:
+    """Prometheus's RFC 3339 times (nanoseconds) as Unix seconds."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", rfc3339)).timestamp()
+
+
+def _seconds(span: float) -> str:
+    return f"{max(1, int(span) + 1)}s"
 
 
 def report(prom: str, cfg: MixinConfig, out: Path, start: float, end: float):
@@ -163,8 +181,21 @@ def test_host_rescue_then_collapse(stack_up) -> None:
 
     # The rescue: the device ratio alone would page, the effective one does not.
     wait_for(lambda: query(prom, f"{long_window} > 0.89"), 60, "the rescue's 5m ratio")
-    time.sleep(4 * parse_duration(cfg.scaled(cfg.critical_for)))
+    # The ratio the report draws has the history its checks read: its last five points, and
+    # later a "before" phase (healthy for two of its windows: one is left out before a drop).
+    short_window = rulenames.r_effective(rulenames.MODEL, cfg.critical_short_window)
+    history = int(2 * parse_duration(cfg.scaled(cfg.critical_short_window)) / EVALUATION) + 3
+    wait_for(lambda: query(prom, f"count_over_time({short_window}[1m]) >= {history}"), 60,
+             f"{history} evaluations of the page's ratio")
+    # Both of the page's windows hold rescue traffic only. Two more evaluations of the alert,
+    # then: it was never pending nor firing, at any evaluation since the start (a page needs
+    # `for:` of pending first, so this is stricter than waiting for no firing).
+    evaluated = last_evaluation(prom)
+    wait_for(lambda: last_evaluation(prom) >= evaluated + 2 * EVALUATION, 30,
+             "two more evaluations")
     assert rulenames.ALERT_LOW not in firing(prom)
+    since = _seconds(time.time() - started + 1)
+    assert query(prom, f'ALERTS{{alertname="{rulenames.ALERT_LOW}"}}[{since}]') == []
     rescued = report(prom, cfg, work / "rescue", started - 600, time.time())
     data = rescued.data
     assert data.crossings.first_drop is None and not data.alerts
@@ -178,7 +209,12 @@ def test_host_rescue_then_collapse(stack_up) -> None:
     # The collapse: everyone says 1%.
     page.set(COLLAPSE)
     wait_for(lambda: rulenames.ALERT_LOW in firing(prom), 90, "the page")
-    time.sleep(parse_duration(cfg.scaled(cfg.critical_long_window)))
+    # Until the window the readers compare holds collapse traffic only (the alert's value,
+    # the 2m ratio the report draws, at 1%), and the page has a few evaluations of history.
+    fired = f'ALERTS{{alertname="{rulenames.ALERT_LOW}",alertstate="firing"}}'
+    wait_for(lambda: firing(prom).get(rulenames.ALERT_LOW, 1) < 0.0105
+             and query(prom, f"count_over_time({fired}[1m]) >= 3"), 60,
+             "the page's ratio at the collapse")
     alert_value = firing(prom)[rulenames.ALERT_LOW]
     now = time.time()
     status = collect_status(ExporterConfig(targets=name_targets([TargetConfig(server.url)])), 1.0)

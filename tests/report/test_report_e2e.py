@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 
 from prefixwatch.cli import main
-from prefixwatch.core import rulenames
+from prefixwatch.core import rulenames, settings
+from prefixwatch.core.windows import parse_duration
 from prefixwatch.report import Request, Written, write_report
 from tests import browser
 from tests.conftest import require_binary
 from tests.report.loopback import LoopbackStack
 
 EVALUATION = 1.0  # seconds, scrape and rule evaluation
+TIME_SCALE = 0.05  # the stack's (LoopbackStack's default)
+#: The window of the ratio that pages and that the report's phases leave out (2m, scaled).
+WINDOW = parse_duration(settings.CRITICAL_SHORT_WINDOW) * TIME_SCALE
 
 # The tests share one run of the stack (the module fixture): one worker runs them all.
 pytestmark = [pytest.mark.xdist_group("report-e2e"), pytest.mark.slow]
@@ -30,17 +34,18 @@ pytestmark = [pytest.mark.xdist_group("report-e2e"), pytest.mark.slow]
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Written, float]:
     prometheus = require_binary("prometheus", "prometheus")
     work = tmp_path_factory.mktemp("report")
-    stack = LoopbackStack(work, prometheus, interval=EVALUATION)
+    stack = LoopbackStack(work, prometheus, interval=EVALUATION, time_scale=TIME_SCALE)
     started = time.time()
     stack.start()
     try:
-        time.sleep(25)
+        # A before phase: the page's ratio recorded, and healthy, for three of its windows.
+        stack.wait_for(lambda: healthy_for(stack, 3 * WINDOW), 60, "a healthy before phase")
         stack.switch("timestamp-at-top")
         stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 60, "the page")
-        time.sleep(12)  # a during phase of several rate windows
+        time.sleep(1.5 * WINDOW)  # more incident traffic: a during phase of several windows
         stack.switch("static-system-prompt")
         stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 30, "the recovery")
-        time.sleep(15)  # an after phase of several windows
+        time.sleep(2 * WINDOW)  # more healthy traffic: an after phase of two windows
         written = write_report(stack.prom_url, work / "out", Request(
             started, time.time(), 0.7, time_scale=stack.time_scale))
     except BaseException:
@@ -48,6 +53,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
         raise
     yield stack, written, started
     stack.stop()
+
+
+def healthy_for(stack: LoopbackStack, seconds: float) -> bool:
+    """The fleet's recorded ratio that pages has a sample every evaluation for ``seconds``,
+    every one above 0.8."""
+    ratio = rulenames.r_effective(rulenames.MODEL, settings.CRITICAL_SHORT_WINDOW)
+    span = f"{int(seconds)}s"
+    found = stack.query(f"count_over_time({ratio}[{span}]) >= {int(seconds / EVALUATION) - 1}"
+                        f" and min_over_time({ratio}[{span}]) > 0.8")
+    return bool(found)
 
 
 @pytest.mark.integration

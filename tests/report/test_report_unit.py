@@ -10,10 +10,12 @@ from prefixwatch.report.timeline import Interval, crossings, merge, phases, runs
 
 
 def test_unreachable_prometheus_is_one_line_and_exit_2(capsys, tmp_path) -> None:
-    from tests.conftest import free_port
+    from tests.conftest import refused_port
 
-    url = f"http://127.0.0.1:{free_port()}"
-    assert main(["report", "--prometheus", url, "--since", "1h", "--out", str(tmp_path)]) == 2
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        assert main(["report", "--prometheus", url, "--since", "1h", "--out", str(tmp_path)]
+                    ) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot reach Prometheus" in err and url in err
 
