@@ -17,6 +17,7 @@ from prefixwatch.core.whatvaries import guess_kind
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS, Corpus
 from prefixwatch.simulator.server import Replica, ReplicaServer
+from tests.conftest import refused_port
 from tests.core.test_blockcache import reference_cached
 
 
@@ -182,11 +183,12 @@ def test_text_lines_without_a_tokenizer_are_one_error(tmp_path: Path) -> None:
 def test_unreachable_server_is_one_sentence_with_the_url(tmp_path: Path) -> None:
     log = tmp_path / "r.jsonl"
     log.write_text('{"prompt": "hello"}\n')
-    out = run(str(log), "--server", "http://127.0.0.1:1")
+    with refused_port() as port:
+        out = run(str(log), "--server", f"http://127.0.0.1:{port}")
     assert out.returncode == 2
     assert out.stderr == ("prefixwatch audit: error: cannot tokenize: nothing answers at "
-                          "http://127.0.0.1:1 (connection refused): is the server running and "
-                          "is the address right?\n")
+                          f"http://127.0.0.1:{port} (connection refused): is the server "
+                          "running and is the address right?\n")
     bad = run(str(log), "--server", "localhost:8000")
     assert bad.returncode == 2 and "is not an http(s) URL" in bad.stderr
     assert "Traceback" not in bad.stderr and len(bad.stderr.splitlines()) == 1
