@@ -164,8 +164,9 @@ class Panels(PanelBase):
                         "pool or a host tier), routing (another replica held them: "
                         "prefix-aware routing), layout (the same text after a short "
                         "divergence near the top: move the varying part down), novel (no "
-                        f"replica ever held it: nothing to win) and {names.LEDGER_TAIL} (the "
-                        "tokens after a prompt's last full block, never cacheable). Tokens a "
+                        "replica ever held it, the blocks of generated answers included: "
+                        f"nothing to win) and {names.LEDGER_TAIL} (each request's last "
+                        "partial block, never cacheable). Tokens a "
                         "lower tier loaded are not computed and not here. "
                         f"{self.cfg.runbook('kv-events-why-tokens-were-computed')}",
             targets=[self.target(expr, legend, "A")],
@@ -305,8 +306,8 @@ class Panels(PanelBase):
                         "rate they leave: novel (no earlier request shares it: nothing to "
                         "win), layout (a varying span near the top: move it down), routing "
                         "(cached on another replica: prefix-aware routing), eviction (the pool "
-                        "lost it: a larger pool or a host tier), tail (from KV events: the "
-                        "tokens after a prompt's last full block), unexplained (the engines' "
+                        "lost it: a larger pool or a host tier), tail (from KV events: each "
+                        "request's last partial block), unexplained (the engines' "
                         "cached tokens against the replay, signed). TTFT p50 on the right "
                         f"axis. {self.cfg.runbook('the-hit-rate-ledger')}",
             targets=[self.target(missed, "{{model_name}} {{part}}", "A"),
