@@ -80,12 +80,12 @@ class FleetContent:
         ``start`` on), each under the block before it (``parent`` before the first)."""
         blocks = self.blocks
         prev = nodes[start - 1] if start else parent
-        for i in range(start, len(nodes)):
-            node = nodes[i]
+        assert prev is not None
+        for i, node, cid, part in zip(range(start, len(nodes)), nodes[start:], cids[start:],
+                                      parts[start:], strict=True):
             if node is None:
-                cid, part = cids[i], parts[i]
-                node = Block(cid, prev, part, prev.end + (len(part) >> 2))  # type: ignore[union-attr]
-                nodes[i] = blocks[cid] = prev.children[cid] = node  # type: ignore[union-attr]
+                node = Block(cid, prev, part, prev.end + (len(part) >> 2))
+                nodes[i] = blocks[cid] = prev.children[cid] = node
             prev = node
 
     def child(self, parent: Block, cid: int, part: bytes) -> Block:

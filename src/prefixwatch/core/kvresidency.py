@@ -207,10 +207,9 @@ class Residency:
     def _release(self, nodes: Sequence[Block]) -> None:
         """One copy fewer of each content block held (each now evicted by this replica)."""
         held = self.held
-        copies = [held.get(node) for node in nodes]
+        copies = list(map(held.get, nodes))
         if copies.count(1) == len(copies):  # the last copy of each
-            for node in nodes:
-                held.pop(node, None)
+            deque(map(held.pop, nodes, repeat(None)), maxlen=0)
         elif None not in copies and len(set(nodes)) == len(nodes):
             left = list(map((1).__rsub__, copies))
             dict.update(held, zip(nodes, left, strict=True))  # set, not added: a Counter
