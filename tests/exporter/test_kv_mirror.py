@@ -244,3 +244,27 @@ def test_what_a_replica_evicted_stays_bounded_by_the_tree() -> None:
     assert len(m.copies.evicted) <= 20
     m.fleet.prune_evicted(m.copies.evicted)
     assert all(m.fleet.blocks.get(node.cid) is node for node in m.copies.evicted)
+
+
+def test_one_removal_run_cuts_its_lifetimes_at_each_bucket() -> None:
+    m = TargetMirror(FleetContent("m"))
+    apply(m, store([1], toks=tokens(1)), ts=0.0)
+    apply(m, store([2], toks=tokens(2)), ts=10.0)
+    apply(m, store([3], toks=tokens(3)), ts=100.0)
+    apply(m, BlockRemoved(block_hashes=[1, 2, 3], medium="GPU"), ts=200.0)  # 200, 190, 100 s
+    buckets, total = m.snapshot().lifetimes["GPU"]
+    assert total == 490.0
+    assert dict(buckets)[60] == 0 and dict(buckets)[120] == 1 and dict(buckets)[300] == 3
+    apply(m, store([4, 5], toks=tokens(4, 2)), ts=200.0)
+    apply(m, BlockRemoved(block_hashes=[4, 5], medium="GPU"), ts=202.0)  # one bucket: 2 s
+    buckets, total = m.snapshot().lifetimes["GPU"]
+    assert total == 494.0 and dict(buckets)[1] == 0 and dict(buckets)[5] == 2
+
+
+def test_a_removal_naming_no_block_changes_nothing_and_the_batch_goes_on() -> None:
+    m = TargetMirror(FleetContent("m"))
+    apply(m, store([1], toks=tokens(1)))
+    apply(m, BlockRemoved(block_hashes=[], medium="GPU"), store([2], parent=1, toks=tokens(2)))
+    snap = m.snapshot()
+    assert snap.resident == {"GPU": 2} and snap.errors == {}
+    assert snap.events["BlockRemoved"] == 1 and snap.events["BlockStored"] == 2

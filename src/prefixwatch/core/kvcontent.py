@@ -23,7 +23,7 @@ from prefixwatch.core import names
 class Block:
     """One content block: its tokens and its place in the chain."""
 
-    __slots__ = ("cid", "parent", "raw", "end", "children")
+    __slots__ = ("cid", "parent", "raw", "end", "children", "last")
 
     def __init__(self, cid: int, parent: Block | None, raw: bytes, end: int) -> None:
         self.cid = cid
@@ -31,6 +31,9 @@ class Block:
         self.raw = raw  # the block's token ids as 4-byte words (b"" for a root)
         self.end = end  # absolute token depth after this block
         self.children: dict[int, Block] = {}
+        #: The most recent child still known (the last of ``children``; None: none), which
+        #: the layout search follows a block at a time.
+        self.last: Block | None = None
 
     @property
     def edge(self) -> array:
@@ -80,12 +83,12 @@ class FleetContent:
         ``start`` on), each under the block before it (``parent`` before the first)."""
         blocks = self.blocks
         prev = nodes[start - 1] if start else parent
-        for i in range(start, len(nodes)):
-            node = nodes[i]
+        assert prev is not None
+        for i, node, cid, part in zip(range(start, len(nodes)), nodes[start:], cids[start:],
+                                      parts[start:], strict=True):
             if node is None:
-                cid, part = cids[i], parts[i]
-                node = Block(cid, prev, part, prev.end + (len(part) >> 2))  # type: ignore[union-attr]
-                nodes[i] = blocks[cid] = prev.children[cid] = node  # type: ignore[union-attr]
+                node = Block(cid, prev, part, prev.end + (len(part) >> 2))
+                nodes[i] = blocks[cid] = prev.children[cid] = prev.last = node
             prev = node
 
     def child(self, parent: Block, cid: int, part: bytes) -> Block:
@@ -93,7 +96,7 @@ class FleetContent:
         node = self.blocks.get(cid)
         if node is None:
             node = self.blocks[cid] = Block(cid, parent, part, parent.end + (len(part) >> 2))
-            parent.children[cid] = node
+            parent.children[cid] = parent.last = node
         return node
 
     def trim(self) -> int:
@@ -109,8 +112,11 @@ class FleetContent:
             if any(node in h for h in held):
                 blocks[cid] = node  # held: to the back of the line
                 continue
-            if node.parent is not None:
-                node.parent.children.pop(cid, None)
+            parent = node.parent
+            if parent is not None:
+                parent.children.pop(cid, None)
+                if parent.last is node:
+                    parent.last = next(reversed(parent.children.values()), None)
             gone.append(node)
         for evicted in self.evicted:
             evicted.difference_update(gone)

@@ -45,12 +45,17 @@ class Histogram:
             ages = [a if a > 0.0 else 0.0 for a in ages]
             total = sum(ages)
             ordered = sorted(ages)
-        counts, below = self.counts, 0
-        for k, bound in enumerate(self.bounds):
-            upto = bisect_right(ordered, bound)  # bisect_left(bounds, age) <= k: age <= bound
-            counts[k] += upto - below
-            below = upto
-        counts[-1] += len(ordered) - below
+        counts, bounds = self.counts, self.bounds
+        lo, hi = bisect.bisect_left(bounds, ordered[0]), bisect.bisect_left(bounds, ordered[-1])
+        if lo == hi:  # every age in one bucket: usual within one removal run
+            counts[lo] += len(ordered)
+        else:  # only the bounds between the smallest age and the largest cut them
+            below = 0
+            for k in range(lo, hi):
+                upto = bisect_right(ordered, bounds[k])  # bisect_left(bounds, age) <= k
+                counts[k] += upto - below
+                below = upto
+            counts[hi] += len(ordered) - below
         self.total += total
         self.n += len(ordered)
 

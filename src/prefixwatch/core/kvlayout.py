@@ -48,9 +48,9 @@ def _head_words(node: Block, want: int) -> bytes:
     out = b""
     while True:
         out += node.raw[:4 * want - len(out)]
-        if len(out) >= 4 * want or not node.children:
+        if len(out) >= 4 * want or node.last is None:
             return out
-        node = next(reversed(node.children.values()))
+        node = node.last
 
 
 def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
@@ -58,21 +58,21 @@ def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
     ``node`` (most recent children) read from absolute ``depth`` on: the first block from
     its offset, then whole blocks compared a stretch of them at a time."""
     while depth >= node.end:  # down to the block that holds ``depth``
-        if not node.children:
+        if node.last is None:
             return 0
-        node = next(reversed(node.children.values()))
+        node = node.last
     raw = node.raw
     off = 4 * depth - (4 * node.end - len(raw))
     k = _common_words(words, 4 * i, raw[off:])
-    if k < len(raw) - off or not node.children:
+    if k < len(raw) - off or node.last is None:
         return k >> 2  # a difference inside this block, the words end, or the sibling ends
     at = 4 * i + k  # from here on, whole blocks of the path
     n = len(words)
     run = k
-    while at < n and node.children:
+    while at < n and node.last is not None:
         stretch = []
-        while node.children and len(stretch) < _STRETCH:
-            node = next(reversed(node.children.values()))
+        while node.last is not None and len(stretch) < _STRETCH:
+            node = node.last
             stretch.append(node.raw)
         joined = b"".join(stretch)
         if words[at:at + len(joined)] == joined:
@@ -104,11 +104,11 @@ def _common_words(words: bytes, at: int, raw: bytes) -> int:
     return k
 
 
-def path_tokens(node: Block, skip: int, want: int) -> list[int]:
+def path_tokens(node: Block | None, skip: int, want: int) -> list[int]:
     """Up to ``want`` tokens along the most recent path from ``node``, after ``skip``."""
     out: list[int] = []
     while node is not None and len(out) < want:
         out.extend(node.edge[skip:skip + want - len(out)])
         skip = 0
-        node = next(reversed(node.children.values()), None) if node.children else None
+        node = node.last
     return out

@@ -166,7 +166,7 @@ class TargetMirror:
                     nodes = [blocks.get(c) for c in cids]
             else:
                 nodes = [blocks.get(c) for c in cids]
-            if None in nodes:
+            if not all(nodes):  # (a Block is always true: faster than ``None in nodes``)
                 created_at = nodes.index(None)
                 fleet.extend(parent, cids, parts, nodes, created_at)
         else:
@@ -187,7 +187,7 @@ class TargetMirror:
         per_event = list(map(_hashes, run))
         hashes = list(chain.from_iterable(per_event))
         nodes = copies.lookup_many(hashes)
-        if None in nodes or len(hashes) > self.max_resident - copies.total:
+        if not all(nodes) or len(hashes) > self.max_resident - copies.total:
             for ev in run:
                 self.events["BlockStored"] += 1
                 self._store_lower(ev, ts)

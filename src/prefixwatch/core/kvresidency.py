@@ -75,7 +75,7 @@ class Residency:
             elif not per.keys().isdisjoint(hashes):
                 get = per.get
                 got = [g if g is not None else get(h) for g, h in zip(got, hashes, strict=True)]
-            if None not in got:
+            if all(got):  # (a Block is always true: faster than ``None not in``)
                 break
         return [None] * len(hashes) if got is None else got
 
@@ -91,7 +91,7 @@ class Residency:
             res.update(zip(hashes, nodes, strict=True))
             if len(res) == before + n:  # every hash new, none twice: the common case
                 since.update(zip(hashes, repeat(ts)))
-                self.held.update(nodes if None not in nodes else filter(None, nodes))
+                self.held.update(nodes if all(nodes) else filter(None, nodes))
                 self.count[medium] = self.count.get(medium, 0) + n
                 self.total += n
                 return
@@ -147,26 +147,23 @@ class Residency:
         if hist is None:
             hist = self.lifetimes[medium] = Histogram(names.KV_LIFETIME_BUCKETS)
         res = self.resident.get(medium)
-        if res is None:
-            return len(hashes)
+        if res is None or not hashes:
+            return len(hashes)  # none of them resident (or none named)
         since = self.since[medium]
         multi = self.multi.get(medium)
         if multi and not multi.isdisjoint(hashes):  # some of them have copies
             return self._remove_each(res, since, hist, hashes, medium, ts)
-        try:  # one copy of each, every one resident: the common case
-            stamps = values_of(since, hashes)
-            nodes = values_of(res, hashes)
-        except KeyError:
-            return self._remove_each(res, since, hist, hashes, medium, ts)
         n = len(hashes)
-        if len(set(hashes)) != n:
+        named = set(hashes)
+        if len(named) != n or not since.keys() >= named:  # a hash twice, or not resident
             return self._remove_each(res, since, hist, hashes, medium, ts)
-        for h in hashes:
-            del res[h], since[h]
+        # One copy of each, every one resident (the common case): taken and deleted at once.
+        stamps = list(map(since.pop, hashes))
+        nodes = list(map(res.pop, hashes))
         hist.observe_ages([ts - s for s in stamps])
         self.count[medium] = self.count.get(medium, 0) - n
         self.total -= n
-        if None in nodes:
+        if not all(nodes):
             self.recent.update(compress(zip(hashes, nodes, strict=True), nodes))
             nodes = tuple(filter(None, nodes))
         else:
@@ -210,10 +207,9 @@ class Residency:
     def _release(self, nodes: Sequence[Block]) -> None:
         """One copy fewer of each content block held (each now evicted by this replica)."""
         held = self.held
-        copies = [held.get(node) for node in nodes]
+        copies = list(map(held.get, nodes))
         if copies.count(1) == len(copies):  # the last copy of each
-            for node in nodes:
-                held.pop(node, None)
+            deque(map(held.pop, nodes, repeat(None)), maxlen=0)
         elif None not in copies and len(set(nodes)) == len(nodes):
             left = list(map((1).__rsub__, copies))
             dict.update(held, zip(nodes, left, strict=True))  # set, not added: a Counter
