@@ -361,6 +361,10 @@ def test_a_restarted_engine_is_reconnected_and_its_mirror_starts_again(tmp_path)
         for seq in range(3):
             first.send(msg(seq, batch(stored([seq]))))
         wait_for(lambda: src.messages == 3, what="the first engine's messages")
+        # the mirror exists once the target's first poll names the model (until then the
+        # batches are held, and a restart drops them): wait for it, however loaded the machine
+        wait_for(lambda: p.v("prefixwatch_kv_resident_blocks", target="bad", medium="GPU") == 3,
+                 what="the first engine's blocks in the mirror")
         first.close()
         wait_for(lambda: p.v("prefixwatch_kv_events_up", target="bad") == 0.0,
                  what="down with the engine")

@@ -1,6 +1,6 @@
 """The layout search on packed words, and the tokens along a sibling path (pure).
 
-``core.ledger.layout_end_from`` (the request ledger's definition of a layout divergence) with the
+``core.layout.layout_end_from`` (the request ledger's definition of a layout divergence) with the
 query and the blocks' edges as 4-byte words: the same result (the tests compare both), without
 an ``array`` per block along the sibling path. A path always follows the most recent child.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 
 from prefixwatch.core.kvcontent import Block
-from prefixwatch.core.ledger import LAYOUT_SPAN
+from prefixwatch.core.layout import LAYOUT_SPAN
 
 
 def layout_end_packed(words: bytes, d: int, first: Block, depth: int, bs: int) -> int:

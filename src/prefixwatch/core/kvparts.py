@@ -6,7 +6,7 @@ classified once, when stored, by why (in tokens, ``block_size`` each):
 - ``eviction``: this replica held that content before and removed it;
 - ``routing``: otherwise, another replica of the model holds it now (any medium);
 - ``layout``: otherwise, the same text as an earlier chain after a short divergence
-  (``core.ledger.layout_end_from``, the request ledger's own definition, here on the packed
+  (``core.layout.layout_end_from``, the request ledger's own definition, here on the packed
   words: ``kvlayout.layout_end_packed``);
 - ``novel``: the rest.
 
