@@ -173,10 +173,13 @@ class Listening:
         return f"http://127.0.0.1:{self.port}"
 
 
-def start_listening(cmd: list[str], timeout: float = 30) -> Listening:
-    """Start a Prometheus-family binary given ``--web.listen-address=127.0.0.1:0``: the port
-    it bound, read from its own "Listening on" log line (no bind-and-close race between
+def start_listening(cmd: list[str], timeout: float = 30,
+                    listening: re.Pattern[str] | None = None) -> Listening:
+    """Start a server told to bind port 0 (a Prometheus-family binary given
+    ``--web.listen-address=127.0.0.1:0``; or prefixwatch's own, with ``listening`` matching
+    its log line): the port it bound, read from its own log (no bind-and-close race between
     parallel tests). Its log keeps being read (into ``log``), so the pipe never fills."""
+    listening = listening or _LISTENING
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     found: list[int] = []
@@ -185,7 +188,7 @@ def start_listening(cmd: list[str], timeout: float = 30) -> Listening:
     def pump() -> None:
         for line in proc.stderr:  # type: ignore[union-attr]
             lines.append(line)
-            match = _LISTENING.search(line)
+            match = listening.search(line)
             if match and not found:
                 found.append(int(match.group(1)))
                 seen.set()

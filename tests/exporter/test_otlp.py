@@ -110,18 +110,19 @@ def test_otlp_export_carries_counters_and_ratios(receiver: Receiver, page_server
 
 
 def test_otlp_failure_does_not_stop_polling(page_server: PageServer, vllm_page: str) -> None:
-    from tests.conftest import free_port
+    from tests.conftest import refused_port
 
     cfg = ExporterConfig(targets=name_targets([TargetConfig(page_server.url)]),
                          listen_address="127.0.0.1:0", windows=("1m",))
     exporter = Exporter(cfg)
-    bridge = OtlpBridge(exporter.collector, f"http://127.0.0.1:{free_port()}", timeout=1)
-    exporter.round_listeners.append(bridge.export)
-    page_server.serve(vllm_page)
-    exporter.poll_round()
-    exporter.poll_round()
-    assert exporter.monitors[0].up and exporter.rounds == 2
-    bridge.shutdown()
+    with refused_port() as port:
+        bridge = OtlpBridge(exporter.collector, f"http://127.0.0.1:{port}", timeout=1)
+        exporter.round_listeners.append(bridge.export)
+        page_server.serve(vllm_page)
+        exporter.poll_round()
+        exporter.poll_round()
+        assert exporter.monitors[0].up and exporter.rounds == 2
+        bridge.shutdown()
 
 
 def test_otlp_sends_the_series_of_no_configured_target(tmp_path) -> None:

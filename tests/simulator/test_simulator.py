@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from prefixwatch.exporter.pagereader import read_page
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.conftest import free_port
+from tests.conftest import start_listening
 
 
 def families(text: str) -> dict[str, tuple[str, str, frozenset[str], tuple[str, ...]]]:
@@ -206,12 +207,12 @@ def test_list_scenarios_explains_each() -> None:
 
 
 def test_simulate_serves_and_drives_with_a_request_log(tmp_path) -> None:
-    port = free_port()
     log = tmp_path / "requests.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefixwatch.cli", "simulate", "--port", str(port),
+    started = start_listening(
+        [sys.executable, "-m", "prefixwatch.cli", "simulate", "--port", "0",
          "--rate", "20", "--duration", "20s", "--request-log", str(log), "--max-log-len", "64"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        listening=re.compile(r"replica 0 .* on http://127\.0\.0\.1:(\d+)"))
+    proc, port = started.proc, started.port
     try:
         deadline = time.monotonic() + 15
         hits = 0.0
@@ -228,7 +229,11 @@ def test_simulate_serves_and_drives_with_a_request_log(tmp_path) -> None:
         assert hits > 0
     finally:
         proc.terminate()
-        out, err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
+    deadline = time.monotonic() + 5  # the log's last lines, read by start_listening's thread
+    while "sent" not in "".join(started.log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    err = "".join(started.log)
     assert proc.returncode == 0, err
     assert "sent" in err
     lines = log.read_text().splitlines()
