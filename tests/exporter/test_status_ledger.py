@@ -63,3 +63,25 @@ def test_landing_page_says_the_ledger_needs_a_log_and_shows_it_with_one(tmp_path
         assert "pool_reach             32" in html_page and "unexplained" not in html_page
     finally:
         server.stop()
+
+
+def test_a_failing_event_ledger_never_stops_the_polling(page_server, vllm_page, monkeypatch,
+                                                        caplog) -> None:
+    """Both of the ledger's readings around a poll may fail: the page is still read, the
+    failure logged."""
+    from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
+    from prefixwatch.exporter.service import Exporter
+
+    exporter = Exporter(ExporterConfig(targets=name_targets([TargetConfig(page_server.url)]),
+                                       listen_address="127.0.0.1:0", windows=("1m",)))
+
+    def broken(*_args):
+        raise RuntimeError("ledger bug")
+
+    monkeypatch.setattr(exporter.kv_ledgers, "before_poll", broken)
+    monkeypatch.setattr(exporter.kv_ledgers, "after_poll", broken)
+    page_server.serve(vllm_page)
+    exporter.poll_round()
+    exporter.poll_round()
+    assert exporter.monitors[0].up and exporter.rounds == 2
+    assert caplog.text.count("kv event ledger failed") == 4

@@ -249,14 +249,19 @@ class Exporter:
                     self._busy.discard(mon.name)
 
     def _poll(self, mon: TargetMonitor) -> None:
-        """Poll one target, and sample its event ledger beside the page just read."""
-        before = self.kv_ledgers.before_poll(mon.name)
+        """Poll one target, and sample its event ledger beside the page just read. A bug in
+        the event ledger is logged and never stops the polling (both of its readings)."""
+        try:
+            before = self.kv_ledgers.before_poll(mon.name)
+        except Exception:
+            log.exception("kv event ledger failed")
+            before = None
         mon.poll()
         if before is not None:
             self._stop.wait(SETTLE_SECONDS)
         try:
             self.kv_ledgers.after_poll(mon.name, before, time.time())
-        except Exception:  # a bug in the event ledger must not stop the polling
+        except Exception:
             log.exception("kv event ledger failed")
 
     def healthy(self) -> tuple[bool, str]:
