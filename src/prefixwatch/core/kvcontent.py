@@ -53,7 +53,6 @@ class FleetContent:
         self.lock = threading.Lock()
         self.blocks: dict[int, Block] = {}  # insertion order: the oldest first
         self.roots: dict[Any, Block] = {}
-        self.forgotten = 0  # blocks dropped from the history by the cap
         #: Per replica id: content block -> its resident copies there, every medium; and the
         #: content blocks it removed a copy of (forgotten blocks leave both).
         self.held: list[Counter[Block]] = []
@@ -120,7 +119,6 @@ class FleetContent:
             gone.append(node)
         for evicted in self.evicted:
             evicted.difference_update(gone)
-        self.forgotten += len(gone)
         return len(gone)
 
     def prune_evicted(self, evicted: set[Block]) -> None:

@@ -82,7 +82,3 @@ class MirrorSnapshot:
     computed: dict[str, int]
     loaded: dict[str, int]
     divergence: tuple[list[tuple[float, int]], float]
-
-    @property
-    def computed_tokens(self) -> int:
-        return sum(self.computed.values())

@@ -265,11 +265,6 @@ class TargetMirror:
         """Loaded tokens by the lower tier that supplied them."""
         return self.parts.loaded
 
-    @property
-    def resident_count(self) -> dict[str, int]:
-        """Resident copies by medium."""
-        return self.copies.count
-
     def snapshot(self) -> MirrorSnapshot:
         """A copy of the counters, taken under the fleet's lock, for one scrape."""
         parts, copies = self.parts, self.copies

@@ -332,6 +332,7 @@ OUT_KV_DIVERGENCE_KIND = OutMetric(
 
 #: Why a device block had to be computed, in the order the ledger prints them.
 KV_COMPUTED_PARTS: tuple[str, ...] = ("eviction", "routing", "layout", "novel")
+#: The ``op`` label of the block counter: blocks stored, and blocks removed (evicted).
 KV_BLOCK_OPS: tuple[str, ...] = ("stored", "removed")
 #: The ledger part of the prompt tokens no full block covers (a tail shorter than a block),
 #: which the event stream never shows: the event ledger's own named part.

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefixwatch.core.names import (
+    KV_BLOCK_OPS,
     L_MEDIUM,
     L_MODEL,
     L_OP,
@@ -82,7 +83,7 @@ class KVRules(Exprs):
         w5 = self.w(KV_DASHBOARD_WINDOW)
         rec(R_KV_LOADED, f"sum by ({self.labels(L_MODEL, L_MEDIUM)}) "
                          f"(rate({self.sel(KV_LOADED)}[{w5}]))")
-        for name, op in ((R_KV_STORED, "stored"), (R_KV_REMOVED, "removed")):
+        for name, op in zip((R_KV_STORED, R_KV_REMOVED), KV_BLOCK_OPS, strict=True):
             blocks = self.sel(KV_BLOCKS, f'{L_OP}="{op}"')
             rec(name, f"sum by ({self.labels(L_TARGET, L_MEDIUM)}) (rate({blocks}[{w5}]))")
         return out

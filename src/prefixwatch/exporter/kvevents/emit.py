@@ -44,10 +44,11 @@ def rows(sources: Iterable[KvSource]) -> Iterator[Row]:
         if snap is None:
             continue
         media = sorted(set(snap.stored) | set(snap.removed) | set(snap.resident))
+        stored, removed = names.KV_BLOCK_OPS
         for medium in media:
-            yield Row(names.OUT_KV_BLOCKS, [t, medium, "stored"],
+            yield Row(names.OUT_KV_BLOCKS, [t, medium, stored],
                       float(snap.stored.get(medium, 0)))
-            yield Row(names.OUT_KV_BLOCKS, [t, medium, "removed"],
+            yield Row(names.OUT_KV_BLOCKS, [t, medium, removed],
                       float(snap.removed.get(medium, 0)))
             yield Row(names.OUT_KV_RESIDENT, [t, medium], float(snap.resident.get(medium, 0)))
         for medium, hist in sorted(snap.lifetimes.items()):
