@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import signal
 import socket
 import subprocess
@@ -369,6 +370,31 @@ def test_sigterm_ends_the_process_within_2s(behave: Callable) -> None:
     assert took < 2.0, f"SIGTERM took {took:.2f}s"
     assert proc.returncode == 0, out
     assert SECRET not in out
+    assert "no complete answer" not in out, out  # the poll SIGTERM cut off was no timeout
+
+
+def test_a_poll_cut_off_by_stop_is_no_timeout_of_the_target() -> None:
+    """The target's state stays what its last finished poll found: stopping is not its fault
+    (no timeout counted, no 'is down' logged)."""
+    raw = RawServer(silent)
+    cfg = ExporterConfig(targets=name_targets([TargetConfig(raw.url, name="t", timeout=30.0)]),
+                         interval=0.2, listen_address="127.0.0.1:0", windows=("1m",))
+    exporter = Exporter(cfg)
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 20
+        while raw.accepted == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # a poll is in flight (timeout 30 s: only stop can end it)
+        assert raw.accepted, "the exporter never polled"
+    finally:
+        exporter.stop()
+        raw.close()
+    for thread in threading.enumerate():  # the cut-off poll's worker, done once it returns
+        if re.fullmatch(r"poll-\d+", thread.name):
+            thread.join(timeout=5)
+            assert not thread.is_alive(), "a poll worker outlived stop"
+    mon = exporter.monitors[0]
+    assert mon.errors["timeout"] == 0 and mon.reason is None and not mon.polled
 
 
 def test_status_has_the_same_deadline() -> None:

@@ -40,7 +40,7 @@ from prefixwatch.exporter.pagereader import (
     Snapshot,
     read_page,
 )
-from prefixwatch.exporter.scrape import Fetcher
+from prefixwatch.exporter.scrape import Aborted, Fetcher
 
 log = logging.getLogger("prefixwatch.exporter")
 
@@ -87,10 +87,7 @@ class WindowFigures:
                    sum(f.queries for f in figures), sum(f.hits for f in figures), tiers=tiers_)
 
     def ttft_quantile(self, q: float) -> float | None:
-        if self.ttft_buckets is None:
-            return None
-        bounds, counts = self.ttft_buckets
-        return histogram_quantile(q, bounds, counts)
+        return None if self.ttft_buckets is None else histogram_quantile(q, *self.ttft_buckets)
 
 
 @dataclass
@@ -184,6 +181,8 @@ class TargetMonitor:
         started = time.monotonic()
         try:
             text = self._fetcher.fetch()
+        except Aborted:  # the process is stopping: the state stays what the last poll found
+            return
         except PageError as exc:
             self._fail(exc, time.monotonic() - started)
             return

@@ -39,6 +39,11 @@ class _Ticket:
     sock: socket.socket | None = field(compare=False, default=None)
     fired: bool = field(compare=False, default=False)
     done: bool = field(compare=False, default=False)
+    aborted: bool = field(compare=False, default=False)  # fired by abort_all, not its deadline
+
+
+class Aborted(Exception):
+    """A poll cut off because the process is stopping: says nothing about the target."""
 
 
 class Watchdog:
@@ -79,6 +84,7 @@ class Watchdog:
         with self._cond:
             for ticket in self._heap:
                 ticket.deadline = 0.0
+                ticket.aborted = True
             heapq.heapify(self._heap)
             self._cond.notify()
 
@@ -153,18 +159,23 @@ class Fetcher:
         return None
 
     def fetch(self) -> str:
-        """The page's text, or PageError with one of the catalog's reasons."""
+        """The page's text, or PageError with one of the catalog's reasons; Aborted when the
+        process stopping cut the poll off (that is no timeout of the target's)."""
         timeout = self.target.timeout
         deadline = time.monotonic() + timeout
         ticket = WATCHDOG.arm(deadline)
         try:
             body = self._exchange(ticket, deadline)
         except (PageError, OSError, http.client.HTTPException) as exc:
+            if ticket.aborted:
+                raise Aborted() from exc
             if ticket.fired or isinstance(exc, TimeoutError):  # whatever the cut read raised
                 raise PageError("timeout", f"no complete answer within {timeout:g}s") from exc
             raise _page_error(exc) from exc
         finally:
             WATCHDOG.disarm(ticket)
+        if ticket.aborted:
+            raise Aborted()
         if ticket.fired:  # a cut-off read can look like a clean end: never trust it
             raise PageError("timeout", f"no complete answer within {timeout:g}s")
         try:
