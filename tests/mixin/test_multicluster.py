@@ -9,42 +9,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefixwatch.mixin import alertmanager, alerttests, artifacts, clustertests, rules
+from prefixwatch.mixin import alertmanager, artifacts, clustertests, rules
 from prefixwatch.mixin.config import MixinConfig, load_config
 from prefixwatch.mixin.sources import SOURCES
-from tests.conftest import promtool_test_chunk, run_promtool
+from tests.conftest import run_promtool
 
 CFG = load_config(data={"cluster_label": "cluster"})
 
 
-def promtool_test(tmp_path: Path, source: str, tests_text: str, cfg: MixinConfig,
-                  part: tuple[int, int] | None = None) -> None:
-    """The rules of ``cfg`` checked, then the cases (all, or ``part`` = (index, parts))."""
+def promtool_test(tmp_path: Path, source: str, tests_text: str, cfg: MixinConfig) -> None:
+    """The rules of ``cfg`` checked, then the cases. (The single-cluster suite under a
+    cluster label: tests/mixin/test_nondefault_suite.py.)"""
     (tmp_path / "r.yml").write_text(rules.render(source, cfg))
     (tmp_path / "t.yml").write_text(tests_text)
     check = run_promtool("check", "rules", str(tmp_path / "r.yml"))
     assert check.returncode == 0, check.stdout + check.stderr
-    if part is None:
-        result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
-    else:
-        result = promtool_test_chunk(tmp_path / "t.yml", *part, tmp_path)
+    result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_two_clusters_alert_separately_and_sum_within_each(tmp_path: Path, source: str) -> None:
     promtool_test(tmp_path, source, clustertests.render(source, "r.yml", CFG), CFG)
-
-
-PARTS = 3  # the whole exporter suite: in parts, on parallel workers
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("part", range(PARTS), ids=lambda p: f"part{p + 1}of{PARTS}")
-def test_the_single_cluster_cases_still_pass_with_a_cluster_label(tmp_path: Path, part: int
-                                                                  ) -> None:
-    promtool_test(tmp_path, "exporter", alerttests.render("exporter", "r.yml", CFG), CFG,
-                  (part, PARTS))
 
 
 def test_every_aggregation_keeps_the_cluster() -> None:
