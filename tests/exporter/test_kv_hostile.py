@@ -403,3 +403,31 @@ def test_a_restart_drops_the_batches_held_before_the_model_was_known() -> None:
     model[0] = "m"
     source.ingest(msg(1, batch(stored([51], parent=50))))
     assert source.read()[3].resident == {"GPU": 2}
+
+
+def test_held_batches_reach_the_mirror_when_the_model_is_known_with_no_next_message(
+        monkeypatch) -> None:
+    """An engine sends its first batches before the target's first poll has named the model,
+    then goes quiet: the reading thread's idle tick files them once the model is known (or
+    once they have waited their time), not at a next message that may not come."""
+    from prefixwatch.exporter.kvevents import source as source_module
+    from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+
+    model: list[str | None] = [None]
+    source = KvSource("quiet", FleetRegistry(), model_hint=lambda: model[0])
+    for seq in range(3):
+        source.ingest(msg(seq, batch(stored([seq]))))
+    source.idle()
+    assert source.mirror is None  # still held: the model is not known yet
+    model[0] = "m"
+    source.idle()
+    assert source.read()[3].resident == {"GPU": 3}
+    assert source.read()[3].model == "m"
+    # ...and with no model ever known, they go in under no model once their time is up
+    late = KvSource("nameless", FleetRegistry())
+    late.ingest(msg(0, batch(stored([7]))))
+    late.idle()
+    assert late.mirror is None
+    monkeypatch.setattr(source_module, "HOLD_SECONDS", 0.0)
+    late.idle()
+    assert late.read()[3].resident == {"GPU": 1}

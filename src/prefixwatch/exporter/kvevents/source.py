@@ -78,6 +78,7 @@ class KvSource:
         self._decoder = BatchDecoder()
         self._held: list[kvevents.Batch] = []  # batches before the model is known
         self._held_since = 0.0
+        self._held_topic = b""
 
     # -- the stream ------------------------------------------------------------------------------
 
@@ -157,25 +158,47 @@ class KvSource:
         mirror = self.mirror
         if mirror is None:
             model = model_from_topic(topic) or self.model_hint()
-            waited = time.monotonic() - self._held_since if self._held else 0.0
-            if model is None and len(self._held) < HOLD_MESSAGES and waited < HOLD_SECONDS:
+            if model is None and self._may_hold():
                 # The model is not known yet (the target's first poll is under way): hold the
                 # first batches rather than file them under no model for good.
                 if not self._held:
                     self._held_since = time.monotonic()
+                    self._held_topic = topic
                 self._held.append(batch)
                 with self.lock:
                     self.messages += 1
                     self.decoding = True
                 return
-            mirror = self._start_mirror(topic, model or "")
-            held, self._held = self._held, []
-            for early in held:
-                self._into(mirror, early)
+            mirror = self._release(topic, model or "")
         if self._into(mirror, batch):
             with self.lock:
                 self.messages += 1
                 self.decoding = True
+
+    def idle(self) -> None:
+        """Nothing arrived for a while (called by the thread that reads this stream): the
+        batches held for the model go into the mirror as soon as the model is known, or once
+        they have waited their time, not at the engine's next message, which an idle engine
+        may not send for minutes."""
+        if self.mirror is not None or not self._held:
+            return
+        model = self.model_hint()
+        if model is None and self._may_hold():
+            return
+        self._release(self._held_topic, model or "")
+
+    def _may_hold(self) -> bool:
+        """Whether a batch may still wait for the model (a bounded count, a bounded time)."""
+        waited = time.monotonic() - self._held_since if self._held else 0.0
+        return len(self._held) < HOLD_MESSAGES and waited < HOLD_SECONDS
+
+    def _release(self, topic: bytes, model: str) -> TargetMirror:
+        """The mirror starts under ``model``, with the batches held until then."""
+        mirror = self._start_mirror(topic, model)
+        held, self._held = self._held, []
+        for early in held:
+            self._into(mirror, early)
+        return mirror
 
     def _into(self, mirror: TargetMirror, batch: kvevents.Batch) -> bool:
         try:

@@ -146,9 +146,10 @@ class _Loop:
         raise NotImplementedError
 
     def read(self, sock: zmq.Socket, monitor: zmq.Socket, connected: Callable[[int], None],
-             handle: Callable[[list[bytes]], None]) -> None:
+             handle: Callable[[list[bytes]], None], idle: Callable[[], None]) -> None:
         """Read ``sock`` until stopped: each message to ``handle``, in bursts; the count of
-        connected peers (handshakes less disconnects) to ``connected``. Closes both sockets."""
+        connected peers (handshakes less disconnects) to ``connected``; ``idle`` after a tick
+        with no message. Closes both sockets."""
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -168,6 +169,8 @@ class _Loop:
                         except zmq.Again:
                             break
                         handle(frames)
+                else:
+                    idle()
         finally:
             sock.disable_monitor()
             monitor.close(linger=0)
@@ -200,7 +203,7 @@ class Subscription(_Loop):
         log.info("kv events of %s: subscribing to %s", self.source.target, self.endpoint)
         try:
             self.read(sock, monitor, lambda peers: self.source.set_connected(peers > 0),
-                      lambda frames: self.source.ingest(frames, self.replayer))
+                      lambda frames: self.source.ingest(frames, self.replayer), self.source.idle)
         finally:
             self.source.set_connected(False)
             if self.replayer is not None:
@@ -240,9 +243,13 @@ class Listener(_Loop):
                 source.set_connected(peers > 0 and source.messages > 0)
 
         try:
-            self.read(sock, monitor, connected, self._route)
+            self.read(sock, monitor, connected, self._route, self._idle)
         finally:
             connected(0)
+
+    def _idle(self) -> None:
+        for source in self.sources:
+            source.idle()
 
     def _route(self, frames: list[bytes]) -> None:
         target = self.route(frames[0]) if len(frames) == 3 else None
