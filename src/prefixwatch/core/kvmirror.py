@@ -154,6 +154,7 @@ class TargetMirror:
             hashes = hashes[:fits + 1]  # the block that found no room is still classified
         created_at = -1
         words = b""
+        sibling = None
         if toks and parent is not None:
             words = pack(toks)
             parts = split_words(words if fits >= n else words[:len(hashes) * 4 * bs], 4 * bs)
@@ -168,7 +169,7 @@ class TargetMirror:
                 nodes = [blocks.get(c) for c in cids]
             if not all(nodes):  # (a Block is always true: faster than ``None in nodes``)
                 created_at = nodes.index(None)
-                fleet.extend(parent, cids, parts, nodes, created_at)
+                sibling = fleet.extend(parent, cids, parts, nodes, created_at)
         else:
             nodes = copies.lookup_many(hashes)  # no tokens: content known by hash, or not
         found = self.parts.claim(nodes, hashes, lower, copies.evicted, fleet.others(self.rid),
@@ -177,7 +178,7 @@ class TargetMirror:
             hashes, nodes = hashes[:fits], nodes[:fits]
         copies.hold(DEVICE, hashes, nodes, ts)
         self.stored[DEVICE] = self.stored.get(DEVICE, 0) + n
-        self.parts.layout(found, created_at, toks, words, bs)
+        self.parts.layout(found, created_at, toks, words, bs, sibling)
 
     def _store_lower_run(self, run: list[Any], ts: float) -> None:
         """Consecutive stores of one lower tier (CPU, disk, ...): residency and content, no

@@ -89,13 +89,15 @@ class ComputedParts:
         return chain
 
     def layout(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
-               words: bytes, bs: int) -> None:
-        """Layout or novel for the computed blocks no other part claimed."""
+               words: bytes, bs: int, sibling: Block | None) -> None:
+        """Layout or novel for the computed blocks no other part claimed (``sibling``: the
+        most recent other child of the first new block's parent, what ``extend`` returned)."""
         computed = self.computed
         layout_until = -1  # blocks of the chain before this index are layout
         if created_at >= 0:
             new = chain[created_at]  # None: loaded, whatever its content
-            start = self._divergence(new, created_at, toks, bs) if new is not None else None
+            start = (self._divergence(new, sibling, created_at, toks, bs) if new is not None
+                     else None)
             if start is not None:
                 first, j, depth = start
                 end = kvlayout.layout_end_packed(words[created_at * 4 * bs:], j, first, depth,
@@ -110,17 +112,13 @@ class ComputedParts:
         computed["layout"] += layout * bs
         computed["novel"] += (kept - layout) * bs
 
-    def _divergence(self, new: Block, at: int, toks: Sequence[int], bs: int
-                    ) -> tuple[Block, int, int] | None:
-        """Observe where the chain that creates ``new`` leaves the closest known chain; returns
-        (the sibling's first block, the offset in ``new``, the absolute depth) for layout."""
+    def _divergence(self, new: Block, sibling: Block | None, at: int, toks: Sequence[int],
+                    bs: int) -> tuple[Block, int, int] | None:
+        """Observe where the chain that creates ``new`` leaves the closest known chain (at
+        ``sibling``, its parent's most recent other child); returns (the sibling's first
+        block, the offset in ``new``, the absolute depth) for layout."""
         parent = new.parent
         assert parent is not None
-        sibling = None
-        for child in reversed(parent.children.values()):
-            if child is not new:
-                sibling = child
-                break
         if sibling is None:
             if parent.parent is not None:  # extends a known chain at its end
                 self.divergence.observe(parent.end)
