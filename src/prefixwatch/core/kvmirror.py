@@ -201,15 +201,14 @@ class TargetMirror:
 
     def _check_tokens(self, run: list[Any], per_event: list[Any]) -> None:
         """Count the events of a run whose token ids are not one block per hash."""
-        lengths = list(map(len, map(_tokens, run)))
-        sizes = list(map(_block_size, run))
-        counts = list(map(len, per_event))
-        bs = sizes[0] or self.block_size
-        if (counts.count(1) == len(run) and sizes.count(sizes[0]) == len(run)
-                and lengths.count(bs) + lengths.count(0) == len(run)):
-            return  # one block per event, none or one block of tokens each: the offload's
-        bad = sum(1 for t, n, size in zip(lengths, counts, sizes, strict=True)
-                  if t and t != n * (size or self.block_size))
+        sizes = set(map(_block_size, run))
+        if len(sizes) == 1 and all(per_event) and sum(map(len, per_event)) == len(run):
+            bs = next(iter(sizes)) or self.block_size
+            if set(map(len, map(_tokens, run))) <= {0, bs}:
+                return  # one block per event, none or one block of tokens each: the offload's
+        bad = sum(1 for ev, hashes in zip(run, per_event, strict=True)
+                  if ev.token_ids and len(ev.token_ids)
+                  != len(hashes) * (ev.block_size or self.block_size))
         if bad:
             self.count_error(names.KV_ERROR_TOKENS, bad)
 

@@ -33,10 +33,11 @@ DIVERGENCE_CONTEXT = 24
 #: Divergences waiting for a tokenizer, at most.
 MAX_PENDING_DIVERGENCES = 256
 
-def _nones(chain: list[Block | None]) -> int:
-    """How many of a chain's entries are None: its blocks are always true, and a count by
-    truth (``filter``) is about twice as fast as ``chain.count(None)``'s comparisons."""
-    return len(chain) - len(list(filter(None, chain)))
+def _nones(chain: Sequence[Block | None]) -> int:
+    """How many of a chain's entries are None: its blocks are always true, so ``all`` answers
+    the common case (none) at once, and a count by truth (``filter``) is about twice as fast
+    as ``chain.count(None)``'s comparisons."""
+    return 0 if all(chain) else len(chain) - len(list(filter(None, chain)))
 
 
 class ComputedParts:
@@ -50,11 +51,11 @@ class ComputedParts:
 
     def claim(self, nodes: Sequence[Block | None], hashes: Sequence[Any],
               lower: list[tuple[str, dict[Any, Any]]], evicted: set[Block],
-              others: list[Counter[Block]], bs: int) -> list[Block | None]:
+              others: list[Counter[Block]], bs: int) -> Sequence[Block | None]:
         """Count the loaded, eviction and routing blocks of one device store; returns its
         chain with those (and blocks of unknown content, novel) as None: the rest is layout
-        or novel (``layout``)."""
-        chain = list(nodes)
+        or novel (``layout``). (``nodes`` itself when none is claimed: never changed here.)"""
+        chain = nodes
         loaded_here = 0
         source: list[str | None] | None = None
         for medium, per in lower:  # the first lower tier holding a hash supplied it
@@ -88,7 +89,7 @@ class ComputedParts:
                 claimed = now
         return chain
 
-    def layout(self, chain: list[Block | None], created_at: int, toks: Sequence[int],
+    def layout(self, chain: Sequence[Block | None], created_at: int, toks: Sequence[int],
                words: bytes, bs: int, sibling: Block | None) -> None:
         """Layout or novel for the computed blocks no other part claimed (``sibling``: the
         most recent other child of the first new block's parent, what ``extend`` returned)."""
