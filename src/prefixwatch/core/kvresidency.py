@@ -212,14 +212,18 @@ class Residency:
         """One copy fewer of each content block held (each now evicted by this replica)."""
         held = self.held
         copies = list(map(held.pop, nodes, repeat(0)))
-        if copies.count(1) != len(copies):  # not the last copy of each: put the rest back
-            left: dict[Block, int] = {}
-            for node, k in zip(nodes, copies, strict=True):
-                if k:
-                    left[node] = k - 1
-                elif node in left:  # named again (popped already)
-                    left[node] -= 1
-            dict.update(held, {node: k for node, k in left.items() if k > 0})  # (set, not added)
+        if copies.count(1) != len(copies):  # not the last copy of each: the rest put back
+            if 0 not in copies:  # each held, and once in the run
+                rest = list(map((1).__rsub__, copies))
+                dict.update(held, compress(zip(nodes, rest, strict=True), rest))  # (set)
+            else:  # a block named twice, or not held: in order
+                left: dict[Block, int] = {}
+                for node, k in zip(nodes, copies, strict=True):
+                    if k:
+                        left[node] = k - 1
+                    elif node in left:  # named again (popped already)
+                        left[node] -= 1
+                dict.update(held, {node: k for node, k in left.items() if k > 0})  # (set)
         self.evicted.update(nodes)
 
     def _forget_recent(self) -> None:
