@@ -18,7 +18,6 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 from prefixwatch.core import names
@@ -175,13 +174,6 @@ def pack(tokens: list[int]) -> bytes:
     words = array("I")
     words.fromlist(tokens)  # faster than array("I", tokens), which iterates generically
     return words.tobytes()
-
-
-def values_of(mapping: Any, keys: Sequence[Any]) -> tuple[Any, ...]:
-    """``mapping[k]`` for each of ``keys`` in one C call (KeyError when one is missing)."""
-    if len(keys) > 1:
-        return itemgetter(*keys)(mapping)
-    return (mapping[keys[0]],) if keys else ()
 
 
 def split_words(words: bytes, width: int) -> list[bytes]:

@@ -27,7 +27,6 @@ from prefixwatch.core.kvcontent import (
     freeze,
     pack,
     split_words,
-    values_of,
 )
 from prefixwatch.core.kvcounts import Divergence, MirrorSnapshot
 from prefixwatch.core.kvevents import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
@@ -159,14 +158,7 @@ class TargetMirror:
             words = pack(toks)
             parts = split_words(words if fits >= n else words[:len(hashes) * 4 * bs], 4 * bs)
             cids = content_ids(parent.cid, parts, block_keys(ev.extra_keys, len(hashes)))
-            blocks = fleet.blocks
-            if cids[-1] in blocks:  # the chain's end is known: so, nearly always, all of it
-                try:
-                    nodes = list(values_of(blocks, cids))
-                except KeyError:
-                    nodes = [blocks.get(c) for c in cids]
-            else:
-                nodes = [blocks.get(c) for c in cids]
+            nodes = list(map(fleet.blocks.get, cids))
             if not all(nodes):  # (a Block is always true: faster than ``None in nodes``)
                 created_at = nodes.index(None)
                 sibling = fleet.extend(parent, cids, parts, nodes, created_at)

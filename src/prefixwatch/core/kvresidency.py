@@ -20,7 +20,7 @@ from itertools import compress, repeat
 from typing import Any
 
 from prefixwatch.core import names
-from prefixwatch.core.kvcontent import Block, values_of
+from prefixwatch.core.kvcontent import Block
 from prefixwatch.core.kvcounts import Histogram
 
 #: Hashes of removed blocks kept per replica (a later chain may name one as its parent).
@@ -65,12 +65,10 @@ class Residency:
         got: list[Block | None] | None = None
         for per in (*self.resident.values(), self.recent):
             if got is None:
-                try:
-                    got = list(values_of(per, hashes))  # all in the first medium: common
-                except KeyError:
-                    if per.keys().isdisjoint(hashes):
-                        continue
-                    got = [per.get(h) for h in hashes]
+                got = list(map(per.get, hashes))  # all in the first medium: common
+                if not any(got):
+                    got = None  # none there (or none with its content known)
+                    continue
             elif not per.keys().isdisjoint(hashes):
                 get = per.get
                 got = [g if g is not None else get(h) for g, h in zip(got, hashes, strict=True)]
