@@ -7,9 +7,9 @@ object per resident block for the cyclic collector to walk). The content each re
 every medium, is counted in its ``held``, and what it removed is in its ``evicted`` (the
 fleet's routing, eviction and forgetting read both).
 
-An event's blocks are held and removed in bulk (dictionary updates and one multi-key lookup
-over the event's hashes, a sort for the lifetimes); a copy at a time only for a run that names
-a hash held twice, a hash not resident, or one hash twice.
+An event's blocks are held and removed in bulk (dictionary updates, and one ``map`` of a
+dict's ``get`` or ``pop`` over the event's hashes, a sort for the lifetimes); a copy at a time
+only for a run that names a hash held twice, a hash not resident, or one hash twice.
 """
 
 from __future__ import annotations
