@@ -11,15 +11,18 @@ only ever adds time).
 
 Goal: at least 200,000 blocks per second, and at least half the decode-only rate.
 
-Run: python benchmarks/bench_kv_events.py [--repeat 5] [--copies 10]
+Run: python benchmarks/bench_kv_events.py [--repeat 5] [--copies 10] [--profile]
+(--profile: one ingest run under cProfile, the functions by their own time; no figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import cProfile
 import gc
 import json
+import pstats
 import time
 from pathlib import Path
 
@@ -77,8 +80,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--copies", type=int, default=10,
                         help="times both recordings are fed per run (default 10)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one ingest run instead (the top 30 functions by own time)")
     args = parser.parse_args()
     messages = frames()
+    if args.profile:
+        ingest(messages, 1)  # imports and first calls out of the way
+        profile = cProfile.Profile()
+        profile.runcall(ingest, messages, args.copies)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(30)
+        return
     blocks = blocks_in(messages) * args.copies
     best_ingest = best_decode = float("inf")
     gc.collect()

@@ -268,3 +268,49 @@ def test_a_removal_naming_no_block_changes_nothing_and_the_batch_goes_on() -> No
     snap = m.snapshot()
     assert snap.resident == {"GPU": 2} and snap.errors == {}
     assert snap.events["BlockRemoved"] == 1 and snap.events["BlockStored"] == 2
+
+
+def test_a_block_keeps_its_children_only_past_the_first_and_forgetting_one_moves_back() -> None:
+    """Three children of one block: its dict of them holds all three, the most recent is the
+    one a path follows and the sibling a divergence is read against; forgetting them, newest
+    first, moves the path back to the one before, and one child left needs no dict."""
+    m = TargetMirror(FleetContent("m"))
+    fleet = m.fleet
+    apply(m, store([1], toks=tokens(1)))
+    for h in (2, 3, 4):
+        apply(m, store([h], parent=1, toks=tokens(h)))
+    first, kids = m.copies.lookup(1), [m.copies.lookup(h) for h in (2, 3, 4)]
+    assert first.last is kids[2] and list(fleet.kids[first].values()) == kids
+    assert fleet.roots[None] not in fleet.kids  # one child: no dict
+    assert m.take_divergences()[-1].theirs == tokens(3)  # 4 left the chain 3 made
+    apply(m, BlockRemoved(block_hashes=[4, 3], medium="GPU"))
+    fleet.max_blocks = 3  # forgets 3 (the oldest not held), then 4
+    assert fleet.trim() == 1 and first.last is kids[2] and len(fleet.kids[first]) == 2
+    fleet.max_blocks = 2
+    assert fleet.trim() == 1 and first.last is kids[0] and first not in fleet.kids
+    apply(m, store([5], parent=1, toks=tokens(5)))  # a divergence from 2, the one left
+    assert m.take_divergences()[-1].theirs == tokens(2)
+
+
+def test_a_removal_run_releases_one_copy_of_each_block_it_names() -> None:
+    """Blocks with a host-tier copy, and one content held under two hashes: a removal run
+    leaves each block held as long as a copy is left, whichever way the run is released."""
+    fleet = FleetContent("m")
+    a, b = TargetMirror(fleet), TargetMirror(fleet)
+    apply(a, store([1, 2], toks=tokens(1, 2)), store([1], medium="CPU"),
+          store([2], parent=1, medium="CPU"))
+    apply(a, BlockRemoved(block_hashes=[1, 2], medium="GPU"))  # the CPU copies stay held
+    apply(b, store([101, 102], toks=tokens(1, 2)))
+    assert b.snapshot().computed["routing"] == 2 * BS
+    apply(a, BlockRemoved(block_hashes=[1, 2], medium="CPU"))
+    apply(b, store([103, 104], toks=tokens(1, 2)))  # a copy of b's own: nobody else holds it
+    assert b.snapshot().computed["routing"] == 2 * BS
+    apply(a, store([5], toks=tokens(7)), store([6], toks=tokens(7)))  # one content, twice
+    apply(a, BlockRemoved(block_hashes=[5, 6, 5], medium="GPU"))  # 5 twice: one unknown
+    assert a.snapshot().errors == {"unknown_block": 1}
+    apply(b, store([107], toks=tokens(7)))
+    assert b.snapshot().computed["routing"] == 2 * BS  # both copies went
+    apply(a, store([8], toks=tokens(9)), store([9], toks=tokens(9)))
+    apply(a, BlockRemoved(block_hashes=[8], medium="GPU"))
+    apply(b, store([109], toks=tokens(9)))
+    assert b.snapshot().computed["routing"] == 3 * BS  # one copy left

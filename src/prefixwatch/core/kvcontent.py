@@ -6,6 +6,10 @@ hashes). A block's content id is Python's hash of (its parent's id, its extra ke
 ids packed as 4-byte words): one tuple hash per block, with the chain from the root folded in
 through the parent's id. The tree is bounded: past the cap, the oldest blocks no replica holds
 are forgotten first (counted by the caller).
+
+A block keeps its most recent child (``last``), which is all a chain needs; only a block with
+two or more children has a dict of them (``FleetContent.kids``), so a new block costs one small
+object, not an object and a dict.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 from prefixwatch.core import names
@@ -23,17 +26,22 @@ from prefixwatch.core import names
 class Block:
     """One content block: its tokens and its place in the chain."""
 
-    __slots__ = ("cid", "parent", "raw", "end", "children", "last")
+    __slots__ = ("cid", "parent", "raw", "end", "last")
 
     def __init__(self, cid: int, parent: Block | None, raw: bytes, end: int) -> None:
         self.cid = cid
         self.parent = parent
         self.raw = raw  # the block's token ids as 4-byte words (b"" for a root)
         self.end = end  # absolute token depth after this block
-        self.children: dict[int, Block] = {}
-        #: The most recent child still known (the last of ``children``; None: none), which
-        #: the layout search follows a block at a time.
+        #: The most recent child still known (None: none), which the layout search follows
+        #: a block at a time.
         self.last: Block | None = None
+
+    @property
+    def children(self) -> dict[int, Block]:
+        """The most recent child, as ``core.layout``'s nodes hold children (an ordered dict
+        whose last entry a sibling path follows, all that its search reads)."""
+        return {} if self.last is None else {self.last.cid: self.last}
 
     @property
     def edge(self) -> array:
@@ -53,6 +61,9 @@ class FleetContent:
         self.lock = threading.Lock()
         self.blocks: dict[int, Block] = {}  # insertion order: the oldest first
         self.roots: dict[Any, Block] = {}
+        #: The children (cid -> block, the oldest first) of each block that has two or more
+        #: known ones; a block with one has it as its ``last`` only.
+        self.kids: dict[Block, dict[int, Block]] = {}
         #: Per replica id: content block -> its resident copies there, every medium; and the
         #: content blocks it removed a copy of (forgotten blocks leave both).
         self.held: list[Counter[Block]] = []
@@ -77,25 +88,58 @@ class FleetContent:
         return [h for i, h in enumerate(self.held) if h and i != rid]
 
     def extend(self, parent: Block, cids: Sequence[int], parts: Sequence[bytes],
-               nodes: list[Block | None], start: int) -> None:
+               nodes: list[Block | None], start: int) -> Block | None:
         """Make the blocks of a chain that are not known yet (None in ``nodes``, from
-        ``start`` on), each under the block before it (``parent`` before the first)."""
+        ``start`` on), each under the block before it (``parent`` before the first); returns
+        the most recent other child of the first new block's parent (None: none)."""
         blocks = self.blocks
         prev = nodes[start - 1] if start else parent
         assert prev is not None
-        for i, node, cid, part in zip(range(start, len(nodes)), nodes[start:], cids[start:],
-                                      parts[start:], strict=True):
+        sibling = prev.last
+        new = object.__new__  # a Block without the call of __init__: a quarter faster
+        for i in range(start, len(nodes)):
+            node = nodes[i]
             if node is None:
-                node = Block(cid, prev, part, prev.end + (len(part) >> 2))
-                nodes[i] = blocks[cid] = prev.children[cid] = prev.last = node
+                part = parts[i]
+                node = new(Block)
+                node.cid, node.parent, node.raw = cids[i], prev, part
+                node.end, node.last = prev.end + (len(part) >> 2), None
+                if prev.last is not None:
+                    self._branch(prev, node)
+                prev.last = nodes[i] = blocks[node.cid] = node
             prev = node
+        return sibling
+
+    def _branch(self, parent: Block, node: Block) -> None:
+        """Record ``node`` as one more child of ``parent``, which has one already."""
+        kids = self.kids.get(parent)
+        if kids is None:
+            last = parent.last
+            assert last is not None
+            kids = self.kids[parent] = {last.cid: last}
+        kids[node.cid] = node
+
+    def _unlink(self, parent: Block, node: Block) -> None:
+        """``node`` is forgotten: no longer a child of ``parent``."""
+        kids = self.kids.get(parent)
+        if kids is None:
+            if parent.last is node:
+                parent.last = None
+            return
+        kids.pop(node.cid, None)
+        if parent.last is node:
+            parent.last = next(reversed(kids.values()), None)
+        if len(kids) < 2:
+            del self.kids[parent]
 
     def child(self, parent: Block, cid: int, part: bytes) -> Block:
         """The block ``cid`` (made under ``parent`` when not known)."""
         node = self.blocks.get(cid)
         if node is None:
             node = self.blocks[cid] = Block(cid, parent, part, parent.end + (len(part) >> 2))
-            parent.children[cid] = parent.last = node
+            if parent.last is not None:
+                self._branch(parent, node)
+            parent.last = node
         return node
 
     def trim(self) -> int:
@@ -111,11 +155,8 @@ class FleetContent:
             if any(node in h for h in held):
                 blocks[cid] = node  # held: to the back of the line
                 continue
-            parent = node.parent
-            if parent is not None:
-                parent.children.pop(cid, None)
-                if parent.last is node:
-                    parent.last = next(reversed(parent.children.values()), None)
+            if node.parent is not None:
+                self._unlink(node.parent, node)
             gone.append(node)
         for evicted in self.evicted:
             evicted.difference_update(gone)
@@ -133,13 +174,6 @@ def pack(tokens: list[int]) -> bytes:
     words = array("I")
     words.fromlist(tokens)  # faster than array("I", tokens), which iterates generically
     return words.tobytes()
-
-
-def values_of(mapping: Any, keys: Sequence[Any]) -> tuple[Any, ...]:
-    """``mapping[k]`` for each of ``keys`` in one C call (KeyError when one is missing)."""
-    if len(keys) > 1:
-        return itemgetter(*keys)(mapping)
-    return (mapping[keys[0]],) if keys else ()
 
 
 def split_words(words: bytes, width: int) -> list[bytes]:

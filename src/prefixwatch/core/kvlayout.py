@@ -30,7 +30,9 @@ def layout_end_packed(words: bytes, d: int, first: Block, depth: int, bs: int) -
     seen = set(theirs)  # a block can only start on a token the sibling has: most never do
     if seen.isdisjoint(starts):
         return 0
-    for s in [s for s, t in enumerate(starts) if t in seen]:
+    for s, t in enumerate(starts):  # the first start that finds its block wins: no list
+        if t not in seen:
+            continue
         if s + bs > len(mine):
             break
         needle = words[4 * (d + s):4 * (d + s + bs)]

@@ -27,7 +27,6 @@ from prefixwatch.core.kvcontent import (
     freeze,
     pack,
     split_words,
-    values_of,
 )
 from prefixwatch.core.kvcounts import Divergence, MirrorSnapshot
 from prefixwatch.core.kvevents import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
@@ -154,21 +153,15 @@ class TargetMirror:
             hashes = hashes[:fits + 1]  # the block that found no room is still classified
         created_at = -1
         words = b""
+        sibling = None
         if toks and parent is not None:
             words = pack(toks)
             parts = split_words(words if fits >= n else words[:len(hashes) * 4 * bs], 4 * bs)
             cids = content_ids(parent.cid, parts, block_keys(ev.extra_keys, len(hashes)))
-            blocks = fleet.blocks
-            if cids[-1] in blocks:  # the chain's end is known: so, nearly always, all of it
-                try:
-                    nodes = list(values_of(blocks, cids))
-                except KeyError:
-                    nodes = [blocks.get(c) for c in cids]
-            else:
-                nodes = [blocks.get(c) for c in cids]
+            nodes = list(map(fleet.blocks.get, cids))
             if not all(nodes):  # (a Block is always true: faster than ``None in nodes``)
                 created_at = nodes.index(None)
-                fleet.extend(parent, cids, parts, nodes, created_at)
+                sibling = fleet.extend(parent, cids, parts, nodes, created_at)
         else:
             nodes = copies.lookup_many(hashes)  # no tokens: content known by hash, or not
         found = self.parts.claim(nodes, hashes, lower, copies.evicted, fleet.others(self.rid),
@@ -177,7 +170,7 @@ class TargetMirror:
             hashes, nodes = hashes[:fits], nodes[:fits]
         copies.hold(DEVICE, hashes, nodes, ts)
         self.stored[DEVICE] = self.stored.get(DEVICE, 0) + n
-        self.parts.layout(found, created_at, toks, words, bs)
+        self.parts.layout(found, created_at, toks, words, bs, sibling)
 
     def _store_lower_run(self, run: list[Any], ts: float) -> None:
         """Consecutive stores of one lower tier (CPU, disk, ...): residency and content, no
@@ -200,15 +193,14 @@ class TargetMirror:
 
     def _check_tokens(self, run: list[Any], per_event: list[Any]) -> None:
         """Count the events of a run whose token ids are not one block per hash."""
-        lengths = list(map(len, map(_tokens, run)))
-        sizes = list(map(_block_size, run))
-        counts = list(map(len, per_event))
-        bs = sizes[0] or self.block_size
-        if (counts.count(1) == len(run) and sizes.count(sizes[0]) == len(run)
-                and lengths.count(bs) + lengths.count(0) == len(run)):
-            return  # one block per event, none or one block of tokens each: the offload's
-        bad = sum(1 for t, n, size in zip(lengths, counts, sizes, strict=True)
-                  if t and t != n * (size or self.block_size))
+        sizes = set(map(_block_size, run))
+        if len(sizes) == 1 and all(per_event) and sum(map(len, per_event)) == len(run):
+            bs = next(iter(sizes)) or self.block_size
+            if set(map(len, map(_tokens, run))) <= {0, bs}:
+                return  # one block per event, none or one block of tokens each: the offload's
+        bad = sum(1 for ev, hashes in zip(run, per_event, strict=True)
+                  if ev.token_ids and len(ev.token_ids)
+                  != len(hashes) * (ev.block_size or self.block_size))
         if bad:
             self.count_error(names.KV_ERROR_TOKENS, bad)
 

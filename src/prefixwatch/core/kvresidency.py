@@ -7,21 +7,20 @@ object per resident block for the cyclic collector to walk). The content each re
 every medium, is counted in its ``held``, and what it removed is in its ``evicted`` (the
 fleet's routing, eviction and forgetting read both).
 
-An event's blocks are held and removed in bulk (dictionary updates and one multi-key lookup
-over the event's hashes, a sort for the lifetimes); a copy at a time only for a run that names
-a hash held twice, a hash not resident, or one hash twice.
+An event's blocks are held and removed in bulk (dictionary updates, and one ``map`` of a
+dict's ``get`` or ``pop`` over the event's hashes, a sort for the lifetimes); a copy at a time
+only for a run that names a hash held twice, a hash not resident, or one hash twice.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import not_
 from typing import Any
 
 from prefixwatch.core import names
-from prefixwatch.core.kvcontent import Block, values_of
+from prefixwatch.core.kvcontent import Block
 from prefixwatch.core.kvcounts import Histogram
 
 #: Hashes of removed blocks kept per replica (a later chain may name one as its parent).
@@ -66,12 +65,10 @@ class Residency:
         got: list[Block | None] | None = None
         for per in (*self.resident.values(), self.recent):
             if got is None:
-                try:
-                    got = list(values_of(per, hashes))  # all in the first medium: common
-                except KeyError:
-                    if per.keys().isdisjoint(hashes):
-                        continue
-                    got = [per.get(h) for h in hashes]
+                got = list(map(per.get, hashes))  # all in the first medium: common
+                if not any(got):
+                    got = None  # none there (or none with its content known)
+                    continue
             elif not per.keys().isdisjoint(hashes):
                 get = per.get
                 got = [g if g is not None else get(h) for g, h in zip(got, hashes, strict=True)]
@@ -153,14 +150,19 @@ class Residency:
         multi = self.multi.get(medium)
         if multi and not multi.isdisjoint(hashes):  # some of them have copies
             return self._remove_each(res, since, hist, hashes, medium, ts)
+        # One copy of each, every one resident (the common case): taken and deleted at once;
+        # a hash not resident, or named twice, is seen in what the pops left (then undone).
         n = len(hashes)
-        named = set(hashes)
-        if len(named) != n or not since.keys() >= named:  # a hash twice, or not resident
+        before = len(since)
+        stamps = list(map(since.pop, hashes, repeat(None)))
+        if len(since) != before - n:
+            for h, s in zip(hashes, stamps, strict=True):
+                if s is not None:
+                    since[h] = s
             return self._remove_each(res, since, hist, hashes, medium, ts)
-        # One copy of each, every one resident (the common case): taken and deleted at once.
-        stamps = list(map(since.pop, hashes))
         nodes = list(map(res.pop, hashes))
-        hist.observe_ages([ts - s for s in stamps])
+        hist.observe_ages(list(map(ts.__sub__, stamps)) if type(ts) is float
+                          else [ts - s for s in stamps])
         self.count[medium] = self.count.get(medium, 0) - n
         self.total -= n
         if not all(nodes):
@@ -207,21 +209,19 @@ class Residency:
     def _release(self, nodes: Sequence[Block]) -> None:
         """One copy fewer of each content block held (each now evicted by this replica)."""
         held = self.held
-        copies = list(map(held.get, nodes))
-        if copies.count(1) == len(copies):  # the last copy of each
-            deque(map(held.pop, nodes, repeat(None)), maxlen=0)
-        elif None not in copies and len(set(nodes)) == len(nodes):
-            left = list(map((1).__rsub__, copies))
-            dict.update(held, zip(nodes, left, strict=True))  # set, not added: a Counter
-            if 0 in left:
-                deque(map(held.pop, compress(nodes, map(not_, left))), maxlen=0)
-        else:
-            for node in nodes:
-                left = held.get(node, 0) - 1
-                if left > 0:
-                    held[node] = left
-                else:
-                    held.pop(node, None)
+        copies = list(map(held.pop, nodes, repeat(0)))
+        if copies.count(1) != len(copies):  # not the last copy of each: the rest put back
+            if 0 not in copies:  # each held, and once in the run
+                rest = list(map((1).__rsub__, copies))
+                dict.update(held, compress(zip(nodes, rest, strict=True), rest))  # (set)
+            else:  # a block named twice, or not held: in order
+                left: dict[Block, int] = {}
+                for node, k in zip(nodes, copies, strict=True):
+                    if k:
+                        left[node] = k - 1
+                    elif node in left:  # named again (popped already)
+                        left[node] -= 1
+                dict.update(held, {node: k for node, k in left.items() if k > 0})  # (set)
         self.evicted.update(nodes)
 
     def _forget_recent(self) -> None:
