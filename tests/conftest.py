@@ -339,17 +339,16 @@ def promtool_test_chunk(test_file: Path, chunk: int, chunks: int, tmp: Path
                         ) -> subprocess.CompletedProcess:
     """``promtool test rules`` on one of ``chunks`` parts of a test file's cases (parts of
     about equal virtual time, its longest cases spread first), so the parts of a long suite
-    run on parallel workers. Every case runs in exactly one part; rule files stay the ones
-    the file names."""
-    import yaml
+    run on parallel workers. Every case runs in exactly one part, each with the rules it
+    asserts and what they read (``tests/promtoolcases.py``), in one promtool process."""
+    from tests.promtoolcases import RuleGraph, write_case_files
 
     doc = yaml.safe_load(test_file.read_text())
-    doc["rule_files"] = [str((test_file.parent / f).resolve()) for f in doc["rule_files"]]
-
-    doc["tests"] = split_cases(doc["tests"], chunks)[chunk]
-    path = tmp / f"{test_file.stem}.part{chunk}.yml"
-    path.write_text(yaml.safe_dump(doc, width=1000))
-    return run_promtool("test", "rules", str(path))
+    rule_files = [(test_file.parent / f).resolve() for f in doc["rule_files"]]
+    cases = split_cases(doc["tests"], chunks)[chunk]
+    paths = write_case_files(doc, cases, RuleGraph(rule_files), tmp,
+                             f"{test_file.stem}.part{chunk}")
+    return run_promtool("test", "rules", *map(str, paths))
 
 
 def npm_packages(name: str, packages: tuple[str, ...]) -> Path:

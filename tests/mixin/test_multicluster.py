@@ -12,19 +12,19 @@ import yaml
 from prefixwatch.mixin import alertmanager, artifacts, clustertests, rules
 from prefixwatch.mixin.config import MixinConfig, load_config
 from prefixwatch.mixin.sources import SOURCES
-from tests.conftest import run_promtool
+from tests.conftest import promtool_test_chunk, run_promtool
 
 CFG = load_config(data={"cluster_label": "cluster"})
 
 
 def promtool_test(tmp_path: Path, source: str, tests_text: str, cfg: MixinConfig) -> None:
-    """The rules of ``cfg`` checked, then the cases. (The single-cluster suite under a
-    cluster label: tests/mixin/test_nondefault_suite.py.)"""
+    """The rules of ``cfg`` checked, then the cases, each with the rules it asserts. (The
+    single-cluster suite under a cluster label: tests/mixin/test_nondefault_suite.py.)"""
     (tmp_path / "r.yml").write_text(rules.render(source, cfg))
     (tmp_path / "t.yml").write_text(tests_text)
     check = run_promtool("check", "rules", str(tmp_path / "r.yml"))
     assert check.returncode == 0, check.stdout + check.stderr
-    result = run_promtool("test", "rules", str(tmp_path / "t.yml"))
+    result = promtool_test_chunk(tmp_path / "t.yml", 0, 1, tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
