@@ -11,7 +11,7 @@ import pytest
 from prefixwatch.mixin import rules
 from prefixwatch.mixin.artifacts import render_all
 from prefixwatch.mixin.config import MixinConfig
-from tests.conftest import run_promtool
+from tests.conftest import promtool_test_chunk
 
 ROOT = Path(__file__).parents[2]
 HANDWRITTEN = sorted((ROOT / "alerts" / "tests").glob("handwritten.*.test.yml"))
@@ -24,8 +24,9 @@ def test_there_are_hand_written_tests_and_generate_never_writes_them() -> None:
 
 
 @pytest.mark.parametrize("path", HANDWRITTEN, ids=lambda p: p.name)
-def test_hand_written_expectations_hold(path: Path) -> None:
-    r = run_promtool("test", "rules", path.name, cwd=path.parent)
+def test_hand_written_expectations_hold(path: Path, tmp_path: Path) -> None:
+    """Each case with the rules it asserts (the file whole: .ci/run)."""
+    r = promtool_test_chunk(path, 0, 1, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -37,5 +38,5 @@ def test_a_changed_page_text_fails_them(tmp_path: Path) -> None:
     shutil.copy(path, tmp_path / "tests" / path.name)
     (tmp_path / "prefixwatch.exporter.rules.yml").write_text(
         rules.render("exporter", MixinConfig(hit_ratio_threshold=0.6)))
-    r = run_promtool("test", "rules", path.name, cwd=tmp_path / "tests")
+    r = promtool_test_chunk(tmp_path / "tests" / path.name, 0, 1, tmp_path)
     assert r.returncode != 0 and "alertname: PrefixCacheHitRateLow" in r.stdout + r.stderr
