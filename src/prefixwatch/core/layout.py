@@ -46,9 +46,9 @@ def layout_end_from(q: Sequence[int], d: int, first: Node, depth: int, bs: int) 
     Any node with ``edge`` (its tokens), ``end`` (absolute depth after the edge) and
     insertion-ordered ``children`` whose last entry is the most recent child will do: the
     trie's nodes, or the KV event mirror's blocks (``core/kvcontent.py``, which show only that
-    last child: the sibling path is all this search follows). ``q`` must hold tokens in the edges' sequence type (an
-    ``array('I')`` for packed edges, a list for lists): slices of two types never compare
-    equal."""
+    last child: the sibling path is all this search follows). ``q`` must hold tokens in the
+    edges' sequence type (an ``array('I')`` for packed edges, a list for lists): slices of two
+    types never compare equal."""
     if len(q) - d < bs + 1:
         return 0
     skip = depth - (first.end - len(first.edge))
