@@ -38,12 +38,6 @@ class Block:
         self.last: Block | None = None
 
     @property
-    def children(self) -> dict[int, Block]:
-        """The most recent child, as ``core.layout``'s nodes hold children (an ordered dict
-        whose last entry a sibling path follows, all that its search reads)."""
-        return {} if self.last is None else {self.last.cid: self.last}
-
-    @property
     def edge(self) -> array:
         """The tokens as ``array('I')``, made when asked (the layout search, a divergence):
         the raw words are what identity hashes, and far cheaper to keep."""

@@ -44,11 +44,10 @@ def layout_end_from(q: Sequence[int], d: int, first: Node, depth: int, bs: int) 
     start); returns the index in ``q`` where the identical run ends, 0 without one.
 
     Any node with ``edge`` (its tokens), ``end`` (absolute depth after the edge) and
-    insertion-ordered ``children`` whose last entry is the most recent child will do: the
-    trie's nodes, or the KV event mirror's blocks (``core/kvcontent.py``, which show only that
-    last child: the sibling path is all this search follows). ``q`` must hold tokens in the
-    edges' sequence type (an ``array('I')`` for packed edges, a list for lists): slices of two
-    types never compare equal."""
+    insertion-ordered ``children`` (the last the most recent) will do: the trie's nodes, or a
+    view of the KV event mirror's blocks (whose own search, ``core/kvlayout.py``, is checked
+    against this one). ``q`` must hold tokens in the edges' sequence type (an ``array('I')``
+    for packed edges, a list for lists): slices of two types never compare equal."""
     if len(q) - d < bs + 1:
         return 0
     skip = depth - (first.end - len(first.edge))
