@@ -319,13 +319,15 @@ def _promql_seconds(text: str) -> int:
     return int(sum(int(n) * unit[u] for n, u in re.findall(r"(\d+)(ms|[smhdw])", text)))
 
 
+def virtual_time(case: dict) -> int:
+    """The virtual seconds promtool evaluates a test case for: up to its last check."""
+    evals = case.get("alert_rule_test", []) + case.get("promql_expr_test", [])
+    return max((_promql_seconds(e["eval_time"]) for e in evals), default=0)
+
+
 def split_cases(cases: list[dict], chunks: int) -> list[list[dict]]:
     """promtool test cases in ``chunks`` parts of about equal virtual time (the longest case
     first into the lightest part); each case in exactly one part."""
-    def virtual_time(case: dict) -> int:
-        evals = case.get("alert_rule_test", []) + case.get("promql_expr_test", [])
-        return max((_promql_seconds(e["eval_time"]) for e in evals), default=0)
-
     parts: list[list[dict]] = [[] for _ in range(chunks)]
     loads = [0] * chunks
     for case in sorted(cases, key=virtual_time, reverse=True):

@@ -79,9 +79,13 @@ def write_case_files(doc: dict[str, Any], cases: list[dict[str, Any]], graph: Ru
     the settings of ``doc`` (evaluation interval, group order) kept."""
     paths = []
     for i, case in enumerate(cases):
+        subset = graph.subset(graph.needed(case))
         rules = tmp / f"{stem}.case{i}.rules.yml"
-        rules.write_text(yaml.safe_dump(graph.subset(graph.needed(case)), width=1000))
+        rules.write_text(yaml.safe_dump(subset, width=1000))
         test = {**doc, "rule_files": [str(rules)], "tests": [case]}
+        if "group_eval_order" in doc:  # only the groups the subset kept
+            kept = {g["name"] for g in subset["groups"]}
+            test["group_eval_order"] = [g for g in doc["group_eval_order"] if g in kept]
         path = tmp / f"{stem}.case{i}.yml"
         path.write_text(yaml.safe_dump(test, width=1000))
         paths.append(path)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from prefixwatch.mixin import sources
-from tests.conftest import _promql_seconds
-from tests.promtoolcases import RuleGraph
+from tests.conftest import virtual_time
+from tests.promtoolcases import RuleGraph, write_case_files
 
 ALERTS = Path(__file__).parents[2] / "alerts"
 
@@ -64,8 +64,23 @@ def test_the_subsets_evaluate_a_fraction_of_the_rule_steps(source: str) -> None:
     every = sum(len(g["rules"]) for g in graph.groups)
     whole = kept = 0
     for case in cases:
-        steps = max(_promql_seconds(e["eval_time"]) for e in
-                    case.get("alert_rule_test", []) + case.get("promql_expr_test", []))
+        steps = virtual_time(case)
         whole += steps * every
         kept += steps * sum(len(g["rules"]) for g in graph.subset(graph.needed(case))["groups"])
     assert kept < 0.35 * whole
+
+
+def test_a_case_file_names_only_the_groups_its_subset_kept(tmp_path: Path) -> None:
+    path = tmp_path / "r.yml"
+    path.write_text(yaml.safe_dump({"groups": [
+        {"name": "rec", "rules": [{"record": "a:x:rate5m", "expr": "rate(x[5m])"}]},
+        {"name": "alerts", "rules": [{"alert": "A", "expr": "vector(1)"}]}]}))
+    doc = {"evaluation_interval": "15s", "group_eval_order": ["alerts", "rec"]}
+    case = {"interval": "15s", "input_series": [],
+            "promql_expr_test": [{"expr": "a:x:rate5m", "eval_time": "1m", "exp_samples": []}]}
+    (written,) = write_case_files(doc, [case], RuleGraph([path]), tmp_path, "t")
+    test = yaml.safe_load(written.read_text())
+    assert test["group_eval_order"] == ["rec"] and test["evaluation_interval"] == "15s"
+    assert test["tests"] == [case]
+    (rules,) = test["rule_files"]
+    assert [g["name"] for g in yaml.safe_load(Path(rules).read_text())["groups"]] == ["rec"]
