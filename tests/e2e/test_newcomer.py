@@ -1,6 +1,7 @@
 """A newcomer's first minutes, scripted: `prefixwatch demo --time-scale 0.05` with the real
-Prometheus and Alertmanager pages in its own terminal, every URL it prints answers, and a
-second demo started right after the first one stops runs on the same ports.
+Prometheus and Alertmanager pages in its own terminal, every URL it prints answers, Ctrl-C
+leaves the run's incident report behind, and a second demo started right after the first one
+stops runs on the same ports (and stops on SIGTERM, with no report).
 
 One of the slowest tests of the suite (about 50 s): the whole story, healthy, then the
 regression, then the page, runs in compressed real time (the README's `--time-scale 0.05`).
@@ -35,6 +36,7 @@ class Demo:
         env = {k: v for k, v in os.environ.items()
                if k not in ("VLLM_TARGETS", "PREFIXWATCH_TARGETS",
                             "PREFIXWATCH_PAGER_WEBHOOK_URL", "PREFIXWATCH_TICKET_WEBHOOK_URL")}
+        env["PYTHONFAULTHANDLER"] = "1"
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prefixwatch.cli", "demo", "--time-scale", "0.05",
@@ -71,14 +73,21 @@ class Demo:
         raise AssertionError(f"{text!r} not printed within {timeout:g}s; stdout: "
                              f"{self.out}; stderr: {''.join(self.err)[-2000:]}")
 
-    def stop(self) -> int:
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        """Send ``sig`` and wait for the exit. The bound only catches a hang (SIGINT writes
+        the incident report first, which a loaded machine makes slow); on a hang every
+        thread's stack (faulthandler, on SIGABRT) is in the failure."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(sig)
+        bound = 120 if sig == signal.SIGINT else 30
         try:
-            code = self.proc.wait(timeout=30)
+            code = self.proc.wait(timeout=bound)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=10)
+            self._err_thread.join(timeout=5)
+            raise AssertionError(f"the demo did not stop within {bound}s of {sig.name}; "
+                                 "stderr:\n" + "".join(self.err)[-6000:]) from None
         self._err_thread.join(timeout=5)
         while not self.lines.empty():
             self.out.append(self.lines.get())
@@ -134,17 +143,21 @@ def test_newcomer_walk(tmp_path: Path) -> None:
         assert "runbooks.md#prefixcachehitratelow" in first.wait_for("runbook:", 5)
         page_after = time.monotonic() - first.started
     finally:
-        code = first.stop()
+        code = first.stop(signal.SIGINT)  # Ctrl-C: the run's incident report, then the exit
     assert code == 0, "".join(first.err)[-2000:]
+    written = next((line.split(": ", 1)[1] for line in first.out
+                    if line.startswith("incident report of this run: ")), None)
+    assert written and Path(written).is_file(), first.out[-5:]
     second = Demo(ports, tmp_path)
     try:
         second.wait_for(READY_LINE, 60)
         assert_urls_answer(second.out)
     finally:
-        second_code = second.stop()
+        second_code = second.stop()  # SIGTERM: no report
     assert second_code == 0, "".join(second.err)[-2000:]
     for demo in (first, second):
         text = "\n".join(demo.out) + "".join(demo.err)
         assert "Traceback" not in text and "Error" not in "".join(demo.err), text[-3000:]
         assert "demo stopped" in "".join(demo.err)
+    assert "without the incident report" in "".join(second.err)
     print(f"page printed {page_after:.0f}s after the demo started")

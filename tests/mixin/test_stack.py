@@ -224,7 +224,7 @@ def test_prometheus_operator_resources(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_native_stack_pages_on_a_simulated_regression(tmp_path: Path) -> None:
     """`prefixwatch demo` with the real binaries: the regression reaches the webhook as a page,
-    and Ctrl-C stops every process."""
+    and SIGTERM stops every process (the newcomer walk covers Ctrl-C and its report)."""
     require_binary("prometheus", "prometheus")
     require_binary("prometheus-alertmanager", "prometheus-alertmanager")
     hook = Webhook()
@@ -263,7 +263,7 @@ def test_native_stack_pages_on_a_simulated_regression(tmp_path: Path) -> None:
         assert pages, f"no page; demo exited {proc.poll()}"
         assert pages[0]["labels"]["alertname"] == "PrefixCacheHitRateLow"
         assert pages[0]["labels"]["severity"] == "critical"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

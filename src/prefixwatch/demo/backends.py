@@ -144,15 +144,20 @@ class Backends:
         raise ConfigError(f"{name} did not become ready within {READY_TIMEOUT:g}s "
                           f"(log: {log_path})")
 
-    def stop(self) -> None:
+    def stop(self, deadline: float | None = None) -> None:
+        """SIGTERM to both, a wait until ``deadline`` (a ``time.monotonic()`` value; default
+        10 s from now), then SIGKILL to any still running. Prometheus replays its WAL at the
+        next start, so a kill loses nothing it had written."""
+        if deadline is None:
+            deadline = time.monotonic() + 10.0
         for _name, proc, _f in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
         for name, proc, log_file in self.procs:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in 10s; killing it", name)
+                log.warning("%s did not stop in time; killing it", name)
                 proc.kill()
                 proc.wait(timeout=5)
             log_file.close()

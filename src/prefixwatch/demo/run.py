@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from prefixwatch.demo.backends import (
     scaled,
 )
 from prefixwatch.demo.pager import NotificationPrinter
+from prefixwatch.demo.shutdown import Shutdown, Skipped, skippable
 from prefixwatch.exporter.config import build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, dashboards
@@ -44,6 +46,10 @@ from prefixwatch.mixin import config as mixin_config
 from prefixwatch.simulator.cli import build_simulation, simulation_args, wait_for_signal
 
 log = logging.getLogger("prefixwatch.demo")
+
+#: Seconds before the shutdown's deadline at which Prometheus or Alertmanager, still running,
+#: is killed.
+KILL_MARGIN = 0.25
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -151,9 +157,12 @@ def run_demo(args: argparse.Namespace) -> int:
             state = Path(args.data_dir)
             state.mkdir(parents=True, exist_ok=True)
         else:
-            tmp = tempfile.TemporaryDirectory(prefix="prefixwatch-demo-")
+            tmp = tempfile.TemporaryDirectory(prefix="prefixwatch-demo-",
+                                              ignore_cleanup_errors=True)
             cleanup.callback(tmp.cleanup)
             state = Path(tmp.name)
+        parts = Shutdown()
+        cleanup.callback(parts.stop_all)
         dashboards_dir = state / "dashboards"
         dashboards.write(dashboards_dir, "exporter", None)
         sim = None
@@ -168,7 +177,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 replicas=args.replicas, scenario=args.scenario, switch_to=args.switch_to,
                 switch_at=switch_at, rate=args.rate, port=args.sim_port, request_log=log_path,
                 request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0))
-            cleanup.callback(sim.stop)
+            parts.add("the simulator", sim.stop)
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
         config = build_config(
@@ -187,22 +196,28 @@ def run_demo(args: argparse.Namespace) -> int:
             raise ConfigError(port_in_use_message(port, "the exporter", "--listen-address", host)
                               if not port_free(port, host) else
                               f"cannot listen on {args.listen_address}: {exc.strerror}") from exc
-        cleanup.callback(exporter.stop)
+        parts.add("the exporter", exporter.stop)
         backends = printer = None
         if with_backends:
             printer = NotificationPrinter()
-            cleanup.callback(printer.stop)
+            parts.add("the page printer", printer.stop)
             backends = Backends(state, exporter.port, args.prometheus_port,
                                 args.alertmanager_port, scale)
-            cleanup.callback(backends.stop)
+            # Killed a little before the shared deadline, so that no child outlives the demo.
+            parts.add_with_deadline("Prometheus and Alertmanager",
+                                    lambda deadline: backends.stop(deadline - KILL_MARGIN))
             backends.start(binaries[0], binaries[1], printer.url)  # type: ignore[arg-type]
         print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at),
               flush=True)
-        began, began_mono = time.time(), time.monotonic()
-        wait_for_signal(duration)
-        interrupted = duration is None or time.monotonic() - began_mono < duration - 0.5
-        if backends is not None and (interrupted or args.report_on_exit):
+        began = time.time()
+        received = wait_for_signal(duration)
+        # Ctrl-C is someone at the terminal who wants the run's report; SIGTERM is a
+        # supervisor that wants the process gone within 2 s.
+        if backends is not None and (received == "SIGINT" or (
+                received is None and args.report_on_exit)):
             _write_report(backends.prometheus_url, began, args.time_scale)
+        elif backends is not None and received == "SIGTERM":
+            log.info("SIGTERM: stopping without the incident report (Ctrl-C writes one)")
     log.info("demo stopped")
     return 0
 
@@ -224,11 +239,17 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
     from prefixwatch.report import Request, write_report
 
     out = Path.cwd() / time.strftime("prefixwatch-report-%Y%m%d-%H%M%S")
+    log.info("writing the incident report of this run (Ctrl-C again skips it)")
     try:
-        written = write_report(prometheus, out, Request(
-            began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
+        with skippable():
+            written = write_report(prometheus, out, Request(
+                began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
     except PrefixwatchError as exc:
         log.warning("no incident report: %s", exc)
+        return
+    except Skipped as exc:
+        shutil.rmtree(out, ignore_errors=True)  # a half-written report is no report
+        log.warning("%s: incident report skipped", exc)
         return
     print(f"incident report of this run: {written.html}", flush=True)
 

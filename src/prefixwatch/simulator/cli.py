@@ -279,17 +279,22 @@ def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptio
                            else None)
 
 
-def wait_for_signal(duration: float | None = None) -> None:
-    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds."""
+def wait_for_signal(duration: float | None = None) -> str | None:
+    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds; return the signal's
+    name ("SIGINT", "SIGTERM"), or None when the duration ended it."""
     stop = threading.Event()
+    received: list[str] = []
 
     def handler(signum: int, _frame: object) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        log.info("received %s, stopping", name)
+        received.append(name)
         stop.set()
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     stop.wait(duration)
+    return received[0] if received else None
 
 
 def run_simulate(args: argparse.Namespace) -> int:
