@@ -88,3 +88,12 @@ def test_a_signal_cuts_a_skippable_step_short(sig: signal.Signals) -> None:
         signal.raise_signal(sig)
         pytest.fail("the step went on after the signal")
     assert signal.getsignal(sig) is before
+
+
+def test_a_part_named_after_another_stops_once_that_one_has() -> None:
+    order: list[str] = []
+    parts = Shutdown(within=10)
+    parts.add("the simulator", lambda: order.append("simulator"), after="the exporter")
+    parts.add("the exporter", lambda: (time.sleep(0.2), order.append("exporter")))
+    assert parts.stop_all() == []
+    assert order == ["exporter", "simulator"]

@@ -177,7 +177,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 replicas=args.replicas, scenario=args.scenario, switch_to=args.switch_to,
                 switch_at=switch_at, rate=args.rate, port=args.sim_port, request_log=log_path,
                 request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0))
-            parts.add("the simulator", sim.stop)
+            parts.add("the simulator", sim.stop, after="the exporter")
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
         config = build_config(

@@ -86,13 +86,18 @@ class KvSource:
         with self.lock:
             self.errors[reason] = self.errors.get(reason, 0) + n
 
-    def set_connected(self, connected: bool) -> None:
+    def set_connected(self, connected: bool, stopping: bool = False) -> None:
+        """The stream's state; ``stopping`` when the exporter itself ends it (no disconnect
+        is counted or warned about then)."""
         with self.lock:
             was = self.connected
-            if was and not connected:
+            if was and not connected and not stopping:
                 self.errors["disconnected"] = self.errors.get("disconnected", 0) + 1
             self.connected = connected
         if was != connected:
+            if stopping:
+                log.debug("kv events of %s: unsubscribed (stopping)", self.target)
+                return
             log.log(logging.INFO if connected else logging.WARNING,
                     "kv events of %s: %s", self.target,
                     "connected" if connected else "disconnected (reconnecting with backoff)")

@@ -205,7 +205,7 @@ class Subscription(_Loop):
             self.read(sock, monitor, lambda peers: self.source.set_connected(peers > 0),
                       lambda frames: self.source.ingest(frames, self.replayer), self.source.idle)
         finally:
-            self.source.set_connected(False)
+            self.source.set_connected(False, stopping=self.stop.is_set())
             if self.replayer is not None:
                 self.replayer.close()
 
@@ -236,16 +236,16 @@ class Listener(_Loop):
         self.bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         log.info("kv events: listening on %s for %d target(s)", self.bound, len(self.sources))
 
-        def connected(peers: int) -> None:
+        def connected(peers: int, stopping: bool = False) -> None:
             # A target is up once its own topic has spoken, while any engine is connected.
             self.peers = peers
             for source in self.sources:
-                source.set_connected(peers > 0 and source.messages > 0)
+                source.set_connected(peers > 0 and source.messages > 0, stopping)
 
         try:
             self.read(sock, monitor, connected, self._route, self._idle)
         finally:
-            connected(0)
+            connected(0, stopping=self.stop.is_set())
 
     def _idle(self) -> None:
         for source in self.sources:
