@@ -73,19 +73,16 @@ def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
     run = k
     while at < n and node.last is not None:
         stretch = []
-        while node.last is not None and len(stretch) < _STRETCH:
+        for _ in range(_STRETCH):
             node = node.last
             stretch.append(node.raw)
+            if node.last is None:
+                break
         joined = b"".join(stretch)
-        if words[at:at + len(joined)] == joined:
-            run, at = run + len(joined), at + len(joined)
-            continue
-        for raw in stretch:  # the block where they differ (or where the words end)
-            k = _common_words(words, at, raw)
-            run, at = run + k, at + k
-            if k < len(raw):
-                return run >> 2
-        break  # (the stretch differed, so one of its blocks did)
+        k = _common_words(words, at, joined)
+        run, at = run + k, at + k
+        if k < len(joined):
+            break  # a difference in this stretch, or the words end
     return run >> 2
 
 
@@ -94,16 +91,22 @@ _STRETCH = 32
 
 
 def _common_words(words: bytes, at: int, raw: bytes) -> int:
-    """The bytes of whole 4-byte words ``words[at:]`` and ``raw`` share from their starts."""
+    """The bytes of whole 4-byte words ``words[at:]`` and ``raw`` share from their starts
+    (one comparison when they agree; else a bisection of the words, each step one
+    comparison in C)."""
     m = min(len(words) - at, len(raw))
     if m <= 0:
         return 0
     if words[at:at + m] == raw[:m]:
         return m - m % 4
-    k = 0
-    while words[at + k:at + k + 4] == raw[k:k + 4]:
-        k += 4
-    return k
+    lo, hi = 0, m >> 2  # the first lo words agree, the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if words[at:at + 4 * mid] == raw[:4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return 4 * lo
 
 
 def path_tokens(node: Block | None, skip: int, want: int) -> list[int]:
