@@ -152,6 +152,7 @@ class TargetMirror:
             self.count_error(names.KV_ERROR_MIRROR_FULL, n - fits)
             hashes = hashes[:fits + 1]  # the block that found no room is still classified
         created_at = -1
+        known = len(hashes)  # the blocks before this index may be held or evicted
         words = b""
         sibling = None
         if toks and parent is not None:
@@ -161,11 +162,13 @@ class TargetMirror:
             nodes = list(map(fleet.blocks.get, cids))
             if not all(nodes):  # (a Block is always true: faster than ``None in nodes``)
                 created_at = nodes.index(None)
+                if nodes.count(None) == len(nodes) - created_at:
+                    known = created_at  # the rest is new: the usual end of a chain
                 sibling = fleet.extend(parent, cids, parts, nodes, created_at)
         else:
             nodes = copies.lookup_many(hashes)  # no tokens: content known by hash, or not
         found = self.parts.claim(nodes, hashes, lower, copies.evicted, fleet.others(self.rid),
-                                 bs)
+                                 bs, known)
         if fits < n:
             hashes, nodes = hashes[:fits], nodes[:fits]
         copies.hold(DEVICE, hashes, nodes, ts)
@@ -186,15 +189,16 @@ class TargetMirror:
                 self._store_lower(ev, ts)
             return
         self.events["BlockStored"] += len(run)
-        self._check_tokens(run, per_event)
+        self._check_tokens(run, per_event, len(hashes))
         medium = run[0].medium
         self.stored[medium] = self.stored.get(medium, 0) + len(hashes)
         copies.hold(medium, hashes, nodes, ts)
 
-    def _check_tokens(self, run: list[Any], per_event: list[Any]) -> None:
-        """Count the events of a run whose token ids are not one block per hash."""
+    def _check_tokens(self, run: list[Any], per_event: list[Any], n: int) -> None:
+        """Count the events of a run whose token ids are not one block per hash (``n``
+        hashes in all)."""
         sizes = set(map(_block_size, run))
-        if len(sizes) == 1 and all(per_event) and sum(map(len, per_event)) == len(run):
+        if len(sizes) == 1 and n == len(run) and all(per_event):
             bs = next(iter(sizes)) or self.block_size
             if set(map(len, map(_tokens, run))) <= {0, bs}:
                 return  # one block per event, none or one block of tokens each: the offload's

@@ -51,10 +51,12 @@ class ComputedParts:
 
     def claim(self, nodes: Sequence[Block | None], hashes: Sequence[Any],
               lower: list[tuple[str, dict[Any, Any]]], evicted: set[Block],
-              others: list[Counter[Block]], bs: int) -> Sequence[Block | None]:
+              others: list[Counter[Block]], bs: int, known: int) -> Sequence[Block | None]:
         """Count the loaded, eviction and routing blocks of one device store; returns its
         chain with those (and blocks of unknown content, novel) as None: the rest is layout
-        or novel (``layout``). (``nodes`` itself when none is claimed: never changed here.)"""
+        or novel (``layout``). (``nodes`` itself when none is claimed: never changed here.)
+        The blocks from ``known`` on were made by this store: no replica holds them or
+        removed them, so only those before are looked for in what replicas hold."""
         chain = nodes
         loaded_here = 0
         source: list[str | None] | None = None
@@ -76,17 +78,20 @@ class ComputedParts:
         claimed = _nones(chain)
         computed = self.computed
         computed["novel"] += (claimed - loaded_here) * bs  # content not known: novel
-        if not evicted.isdisjoint(chain):
+        old = chain if known >= len(chain) else chain[:known]
+        if not evicted.isdisjoint(old):
             chain = [None if node in evicted else node for node in chain]
             now = _nones(chain)
             computed["eviction"] += (now - claimed) * bs
             claimed = now
+            old = chain if known >= len(chain) else chain[:known]
         for held in others:
-            if not held.keys().isdisjoint(chain):
+            if not held.keys().isdisjoint(old):
                 chain = [None if node in held else node for node in chain]
                 now = _nones(chain)
                 computed["routing"] += (now - claimed) * bs
                 claimed = now
+                old = chain if known >= len(chain) else chain[:known]
         return chain
 
     def layout(self, chain: Sequence[Block | None], created_at: int, toks: Sequence[int],
