@@ -326,3 +326,30 @@ def test_a_removal_run_releases_one_copy_of_each_block_it_names() -> None:
     apply(a, BlockRemoved(block_hashes=[8], medium="GPU"))
     apply(b, store([109], toks=tokens(9)))
     assert b.snapshot().computed["routing"] == 3 * BS  # one copy left
+
+
+def test_a_dropped_tree_and_its_forgotten_blocks_are_freed_without_the_cyclic_collector() -> None:
+    """Blocks are not tracked by the cyclic collector (a block's ``last`` and its child's
+    ``parent`` are a cycle): a dropped fleet cuts them, and forgetting a block at the cap
+    unlinks it, so with the collector off the memory of a mirror comes back once dropped."""
+    import gc
+    import tracemalloc
+
+    def run(max_blocks: int) -> None:
+        m = TargetMirror(FleetContent("m", max_blocks=max_blocks))
+        for i in range(20):
+            hashes = list(range(i * 100, i * 100 + 100))
+            apply(m, store(hashes, toks=tokens(i, 100)))
+            apply(m, BlockRemoved(block_hashes=hashes, medium="GPU"))
+
+    gc.disable()
+    tracemalloc.start()
+    try:
+        for max_blocks in (100_000, 300):  # every block kept; most forgotten at the cap
+            run(max_blocks)  # (warm-up: first-call allocations)
+            before = tracemalloc.get_traced_memory()[0]
+            run(max_blocks)
+            assert tracemalloc.get_traced_memory()[0] - before < 50_000  # 2,000 blocks: 300 kB
+    finally:
+        tracemalloc.stop()
+        gc.enable()
