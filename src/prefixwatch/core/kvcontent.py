@@ -18,6 +18,7 @@ import threading
 from array import array
 from collections import Counter
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -37,6 +38,9 @@ class Block(msgspec.Struct, gc=False, eq=False):
     #: The most recent child still known (None: none), which the layout search follows
     #: a block at a time.
     last: Block | None = None
+
+    def __repr__(self) -> str:  # (not the Struct's, which would print the chain around it)
+        return f"Block(cid={self.cid}, end={self.end})"
 
     @property
     def edge(self) -> array:
@@ -63,6 +67,8 @@ class FleetContent:
         #: content blocks it removed a copy of (forgotten blocks leave both).
         self.held: list[Counter[Block]] = []
         self.evicted: list[set[Block]] = []
+        #: Whether any block was made with an extra key (then ``known_prefix`` is not used).
+        self.keyed = False
 
     def __del__(self) -> None:
         # Every ``last`` names a block of ``blocks`` (forgetting a block unlinks it): cut
@@ -109,6 +115,47 @@ class FleetContent:
                 prev.last = nodes[i] = blocks[node.cid] = node
             prev = node
         return sibling
+
+    def known_prefix(self, node: Block, words: bytes, n: int, width: int) -> list[Block]:
+        """The known blocks that the first of ``n`` blocks of ``words`` (``width`` bytes
+        each, under ``node``, no extra keys) are, up to the first one not known. Along the
+        most recent path a stretch of blocks is compared at once, with no hash (a ``last`` is
+        a known child: the content id its words would hash to is its own); a block off
+        that path is looked up by its content id, and the path from it followed again."""
+        out: list[Block] = []
+        if self.keyed:
+            return out
+        blocks = self.blocks
+        at = 0
+        while len(out) < n:
+            nxt = node.last
+            if nxt is None or len(nxt.raw) != width or not words.startswith(nxt.raw, at):
+                found = blocks.get(hash((node.cid, None, words[at:at + width])))
+                if found is None:
+                    return out
+                out.append(found)
+                node, at = found, at + width
+                continue
+            stretch = []
+            for _ in range(min(_FOLLOW, n - len(out))):
+                stretch.append(nxt)
+                nxt = nxt.last
+                if nxt is None:
+                    break
+            raws = list(map(_raw, stretch))
+            if set(map(len, raws)) != {width}:
+                stretch = stretch[:1]  # blocks of another size further on: one at a time
+                raws = raws[:1]
+            joined = b"".join(raws)
+            if words.startswith(joined, at):
+                out += stretch
+                at += len(joined)
+            else:  # (its first block is the path's: checked above)
+                k = common_words(words, at, joined) // width
+                out += stretch[:k]
+                at += k * width
+            node = out[-1]
+        return out
 
     def _branch(self, parent: Block, node: Block) -> None:
         """Record ``node`` as one more child of ``parent``, which has one already."""
@@ -169,6 +216,11 @@ class FleetContent:
         evicted.intersection_update([n for n in evicted if blocks.get(n.cid) is n])
 
 
+#: Blocks of the most recent path compared in one bytes comparison by ``known_prefix``.
+_FOLLOW = 32
+_raw = attrgetter("raw")
+
+
 def pack(tokens: list[int]) -> bytes:
     """Token ids as 4-byte words (what identity hashes and the layout search compares)."""
     words = array("I")
@@ -179,6 +231,25 @@ def pack(tokens: list[int]) -> bytes:
 def split_words(words: bytes, width: int) -> list[bytes]:
     """``words`` cut into blocks of ``width`` bytes."""
     return [words[o:o + width] for o in range(0, len(words), width)]
+
+
+def common_words(words: bytes, at: int, raw: bytes) -> int:
+    """The bytes of whole 4-byte words ``words[at:]`` and ``raw`` share from their starts
+    (one comparison when they agree; else a bisection of the words, each step one
+    comparison in C)."""
+    m = min(len(words) - at, len(raw))
+    if m <= 0:
+        return 0
+    if words[at:at + m] == raw[:m]:
+        return m - m % 4
+    lo, hi = 0, m >> 2  # the first lo words agree, the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if words[at:at + 4 * mid] == raw[:4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return 4 * lo
 
 
 def content_ids(parent: int, parts: Sequence[bytes], keys: Sequence[Any] | None) -> list[int]:

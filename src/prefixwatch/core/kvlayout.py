@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from array import array
 
-from prefixwatch.core.kvcontent import Block
+from prefixwatch.core.kvcontent import Block, common_words
 from prefixwatch.core.layout import LAYOUT_SPAN
 
 
@@ -65,7 +65,7 @@ def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
         node = node.last
     raw = node.raw
     off = 4 * depth - (4 * node.end - len(raw))
-    k = _common_words(words, 4 * i, raw[off:])
+    k = common_words(words, 4 * i, raw[off:])
     if k < len(raw) - off or node.last is None:
         return k >> 2  # a difference inside this block, the words end, or the sibling ends
     at = 4 * i + k  # from here on, whole blocks of the path
@@ -79,7 +79,7 @@ def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
             if node.last is None:
                 break
         joined = b"".join(stretch)
-        k = _common_words(words, at, joined)
+        k = common_words(words, at, joined)
         run, at = run + k, at + k
         if k < len(joined):
             break  # a difference in this stretch, or the words end
@@ -88,25 +88,6 @@ def _run_words(words: bytes, i: int, node: Block, depth: int) -> int:
 
 #: Blocks of the sibling path compared in one bytes comparison.
 _STRETCH = 32
-
-
-def _common_words(words: bytes, at: int, raw: bytes) -> int:
-    """The bytes of whole 4-byte words ``words[at:]`` and ``raw`` share from their starts
-    (one comparison when they agree; else a bisection of the words, each step one
-    comparison in C)."""
-    m = min(len(words) - at, len(raw))
-    if m <= 0:
-        return 0
-    if words[at:at + m] == raw[:m]:
-        return m - m % 4
-    lo, hi = 0, m >> 2  # the first lo words agree, the first hi do not
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if words[at:at + 4 * mid] == raw[:4 * mid]:
-            lo = mid
-        else:
-            hi = mid
-    return 4 * lo
 
 
 def path_tokens(node: Block | None, skip: int, want: int) -> list[int]:

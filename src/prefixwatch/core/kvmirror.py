@@ -157,14 +157,28 @@ class TargetMirror:
         sibling = None
         if toks and parent is not None:
             words = pack(toks)
-            parts = split_words(words if fits >= n else words[:len(hashes) * 4 * bs], 4 * bs)
-            cids = content_ids(parent.cid, parts, block_keys(ev.extra_keys, len(hashes)))
-            nodes = list(map(fleet.blocks.get, cids))
-            if not all(nodes):  # (a Block is always true: faster than ``None in nodes``)
-                created_at = nodes.index(None)
-                if nodes.count(None) == len(nodes) - created_at:
-                    known = created_at  # the rest is new: the usual end of a chain
-                sibling = fleet.extend(parent, cids, parts, nodes, created_at)
+            width, m = 4 * bs, len(hashes)
+            keys = block_keys(ev.extra_keys, m)
+            if keys is not None:
+                fleet.keyed = True
+            # The known blocks the chain starts with (most of them along a path: no hash),
+            # then the rest by content id (each from the one before), made when not known.
+            nodes: list[Any] = fleet.known_prefix(parent, words, m, width) if keys is None \
+                else []
+            k = len(nodes)
+            if k < m:
+                prev = nodes[-1] if k else parent
+                parts = split_words(words if not k and m == n else words[k * width:m * width],
+                                    width)
+                cids = content_ids(prev.cid, parts, keys)
+                rest = list(map(fleet.blocks.get, cids))
+                if not all(rest):  # (a Block is always true: faster than ``None in rest``)
+                    start = rest.index(None)
+                    created_at = k + start
+                    if rest.count(None) == len(rest) - start:
+                        known = created_at  # the rest is new: the usual end of a chain
+                    sibling = fleet.extend(prev, cids, parts, rest, start)
+                nodes += rest
         else:
             nodes = copies.lookup_many(hashes)  # no tokens: content known by hash, or not
         found = self.parts.claim(nodes, hashes, lower, copies.evicted, fleet.others(self.rid),
@@ -237,6 +251,8 @@ class TargetMirror:
                 part = words[i * width:(i + 1) * width]
                 key = freeze(extra[i]) if extra and i < len(extra) and extra[i] is not None \
                     else None
+                if key is not None:
+                    fleet.keyed = True
                 node = fleet.child(parent, hash((parent.cid, key, part)), part)
             if i < fits:
                 copies.hold_one(medium, res, since, h, node, ts)
