@@ -4,8 +4,10 @@ Block hashes are seeded per engine process, so identity here is *content*: the c
 ids from the root plus the LoRA name and the block's extra keys (cache_salt, multimodal
 hashes). A block's content id is Python's hash of (its parent's id, its extra key, its token
 ids packed as 4-byte words): one tuple hash per block, with the chain from the root folded in
-through the parent's id. The tree is bounded: past the cap, the oldest blocks no replica holds
-are forgotten first (counted by the caller).
+through the parent's id. A known chain is found without hashing where it follows the most
+recent path (``known_prefix``: its words compared with the path's, which are those ids'
+blocks). The tree is bounded: past the cap, the oldest blocks no replica holds are forgotten
+first (counted by the caller).
 
 A block keeps its most recent child (``last``), which is all a chain needs; only a block with
 two or more children has a dict of them (``FleetContent.kids``), so a new block costs one small

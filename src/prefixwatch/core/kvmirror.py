@@ -8,7 +8,8 @@ A batch is applied a run of events at a time: consecutive removals of one medium
 consecutive stores of one lower tier (vLLM's offload connector sends one block per event) in
 one pass, each device store as a whole. Within a run the work is bulk dictionary and set
 operations over its blocks; the per-block Python left is the content id of a device block
-(one tuple hash) and a ``Block`` for content never seen before.
+(one tuple hash; none for a known block along the path its chain follows, matched by its
+bytes) and a ``Block`` for content never seen before.
 """
 
 from __future__ import annotations
