@@ -103,6 +103,19 @@ def assert_urls_answer(lines: list[str]) -> list[str]:
     return urls
 
 
+def assert_the_suggested_status_shows_the_ledger(summary: list[str]) -> None:
+    """The `try: prefixwatch status ...` line the demo prints runs as printed, and shows where
+    the prompt tokens went, from the replica's KV event stream."""
+    suggested = next(line.split("try: ", 1)[1] for line in summary if "try: prefixwatch" in line)
+    argv = suggested.split()
+    assert argv[:2] == ["prefixwatch", "status"] and "--kv-events" in argv, suggested
+    r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", *argv[1:]],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Ledger from the KV event streams" in r.stdout, r.stdout
+    assert re.search(r"^\s+layout\s+[1-9]\d*\s", r.stdout, re.M), r.stdout
+
+
 def start_on_free_ports(tmp: Path, attempts: int = 3) -> tuple[Demo, list[str]]:
     """The first demo, ready, on ports found free: the second must be given the same ports,
     so the demo cannot pick its own (port 0). Another process may take one between the
@@ -142,6 +155,7 @@ def test_newcomer_walk(tmp_path: Path) -> None:
         assert first.wait_for("diagnosis:", 5).strip().startswith("diagnosis: prefix_divergence")
         assert "runbooks.md#prefixcachehitratelow" in first.wait_for("runbook:", 5)
         page_after = time.monotonic() - first.started
+        assert_the_suggested_status_shows_the_ledger(summary)
     finally:
         code = first.stop(signal.SIGINT)  # Ctrl-C: the run's incident report, then the exit
     assert code == 0, "".join(first.err)[-2000:]

@@ -330,7 +330,7 @@ def test_the_landing_page_shows_the_event_ledger(fleet) -> None:
     assert "from the KV event streams" in html_page
     assert "KV event streams (README: KV events)" in html_page
     assert "GPU 2,400" in html_page  # replica 0's stored blocks
-    assert "needs a request log" not in html_page
+    assert "needs a KV event stream" not in html_page
     for part in ("eviction", "routing", "layout", "novel", "tail", "unexplained"):
         assert part in html_page
 

@@ -44,7 +44,7 @@ def test_landing_page_says_the_ledger_needs_a_log_and_shows_it_with_one(tmp_path
         url = f"http://127.0.0.1:{server.port}/metrics"
         bare = Exporter(build_config(targets=[url], environ={}, listen_address="127.0.0.1:0"))
         bare.poll_round()
-        assert "needs a request log" in render_landing(bare)
+        assert "needs a KV event stream" in render_landing(bare)
         page = bare.registry.collect()
         assert not any(f.name.startswith("prefixwatch_ledger") for f in page)
         bare.stop()

@@ -289,6 +289,8 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
               f"meanwhile http://{host}:{exporter.port}/ charts the hit ratio and TTFT",
               f"  state:         {state}" + ("" if args.data_dir else " (removed on exit; "
                                                                        "--data-dir keeps it)"),
-              f"  try: prefixwatch status --target {targets[0]} --cold-start {cold}",
+              f"  try: prefixwatch status --target {targets[0]} --cold-start {cold}"
+              + (f" --kv-events {sim.kv_events_endpoints[0]}"
+                 if sim is not None and sim.kv_events_endpoints else ""),
               "  Ctrl-C stops everything.", ""]
     return "\n".join(lines)

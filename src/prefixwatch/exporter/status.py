@@ -150,8 +150,9 @@ def render(rows: list[StatusRow], gap: float) -> str:
 
 
 LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
-                    "eviction) needs a request log: --requests-log PATH "
-                    "(docs/runbooks.md#the-hit-rate-ledger).")
+                    "eviction) needs a KV event stream (--kv-events ENDPOINT; "
+                    "kv_events per target in the config file) or a request log "
+                    "(--requests-log PATH): docs/runbooks.md#the-hit-rate-ledger.")
 
 
 def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
