@@ -132,7 +132,7 @@ class FleetContent:
         while len(out) < n:
             nxt = node.last
             if nxt is None or len(nxt.raw) != width or not words.startswith(nxt.raw, at):
-                found = blocks.get(hash((node.cid, None, words[at:at + width])))
+                found = blocks.get(content_id(node.cid, None, words[at:at + width]))
                 if found is None:
                     return out
                 out.append(found)
@@ -254,8 +254,15 @@ def common_words(words: bytes, at: int, raw: bytes) -> int:
     return 4 * lo
 
 
+def content_id(parent: int, key: Any, part: bytes) -> int:
+    """The content id of one block: under content id ``parent``, with extra key ``key``
+    (None: none), its token ids packed as ``part``."""
+    return hash((parent, key, part))
+
+
 def content_ids(parent: int, parts: Sequence[bytes], keys: Sequence[Any] | None) -> list[int]:
-    """The content id of each block of a chain that starts under content id ``parent``."""
+    """The content id of each block of a chain that starts under content id ``parent``
+    (``content_id``'s hash, inline: a device store's blocks are the hot path)."""
     out: list[int] = []
     keep = out.append
     if keys is None:

@@ -24,6 +24,7 @@ from prefixwatch.core.kvcontent import (
     Block,
     FleetContent,
     block_keys,
+    content_id,
     content_ids,
     freeze,
     pack,
@@ -164,8 +165,7 @@ class TargetMirror:
                 fleet.keyed = True
             # The known blocks the chain starts with (most of them along a path: no hash),
             # then the rest by content id (each from the one before), made when not known.
-            nodes: list[Any] = fleet.known_prefix(parent, words, m, width) if keys is None \
-                else []
+            nodes: list[Any] = fleet.known_prefix(parent, words, m, width)  # [] when keyed
             k = len(nodes)
             if k < m:
                 prev = nodes[-1] if k else parent
@@ -254,7 +254,7 @@ class TargetMirror:
                     else None
                 if key is not None:
                     fleet.keyed = True
-                node = fleet.child(parent, hash((parent.cid, key, part)), part)
+                node = fleet.child(parent, content_id(parent.cid, key, part), part)
             if i < fits:
                 copies.hold_one(medium, res, since, h, node, ts)
         held = min(fits, n)

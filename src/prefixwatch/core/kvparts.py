@@ -33,6 +33,12 @@ DIVERGENCE_CONTEXT = 24
 #: Divergences waiting for a tokenizer, at most.
 MAX_PENDING_DIVERGENCES = 256
 
+def _made_before(chain: Sequence[Block | None], known: int) -> Sequence[Block | None]:
+    """The blocks of a chain before ``known``: those a replica may hold or have removed (the
+    rest were made by the store itself)."""
+    return chain if known >= len(chain) else chain[:known]
+
+
 def _nones(chain: Sequence[Block | None]) -> int:
     """How many of a chain's entries are None: its blocks are always true, so ``all`` answers
     the common case (none) at once, and a count by truth (``filter``) is about twice as fast
@@ -78,20 +84,20 @@ class ComputedParts:
         claimed = _nones(chain)
         computed = self.computed
         computed["novel"] += (claimed - loaded_here) * bs  # content not known: novel
-        old = chain if known >= len(chain) else chain[:known]
+        old = _made_before(chain, known)
         if not evicted.isdisjoint(old):
             chain = [None if node in evicted else node for node in chain]
             now = _nones(chain)
             computed["eviction"] += (now - claimed) * bs
             claimed = now
-            old = chain if known >= len(chain) else chain[:known]
+            old = _made_before(chain, known)
         for held in others:
             if not held.keys().isdisjoint(old):
                 chain = [None if node in held else node for node in chain]
                 now = _nones(chain)
                 computed["routing"] += (now - claimed) * bs
                 claimed = now
-                old = chain if known >= len(chain) else chain[:known]
+                old = _made_before(chain, known)
         return chain
 
     def layout(self, chain: Sequence[Block | None], created_at: int, toks: Sequence[int],

@@ -144,12 +144,10 @@ class Backends:
         raise ConfigError(f"{name} did not become ready within {READY_TIMEOUT:g}s "
                           f"(log: {log_path})")
 
-    def stop(self, deadline: float | None = None) -> None:
-        """SIGTERM to both, a wait until ``deadline`` (a ``time.monotonic()`` value; default
-        10 s from now), then SIGKILL to any still running. Prometheus replays its WAL at the
-        next start, so a kill loses nothing it had written."""
-        if deadline is None:
-            deadline = time.monotonic() + 10.0
+    def stop(self, deadline: float) -> None:
+        """SIGTERM to both, a wait until ``deadline`` (a ``time.monotonic()`` value), then
+        SIGKILL to any still running. Prometheus replays its WAL at the next start, so a kill
+        loses nothing it had written."""
         for _name, proc, _f in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -213,10 +214,10 @@ def run_demo(args: argparse.Namespace) -> int:
         received = wait_for_signal(duration)
         # Ctrl-C is someone at the terminal who wants the run's report; SIGTERM is a
         # supervisor that wants the process gone within 2 s.
-        if backends is not None and (received == "SIGINT" or (
+        if backends is not None and (received == signal.SIGINT or (
                 received is None and args.report_on_exit)):
             _write_report(backends.prometheus_url, began, args.time_scale)
-        elif backends is not None and received == "SIGTERM":
+        elif backends is not None and received == signal.SIGTERM:
             log.info("SIGTERM: stopping without the incident report (Ctrl-C writes one)")
     log.info("demo stopped")
     return 0

@@ -279,16 +279,16 @@ def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptio
                            else None)
 
 
-def wait_for_signal(duration: float | None = None) -> str | None:
-    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds; return the signal's
-    name ("SIGINT", "SIGTERM"), or None when the duration ended it."""
+def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
+    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds; return the signal, or
+    None when the duration ended it."""
     stop = threading.Event()
-    received: list[str] = []
+    received: list[signal.Signals] = []
 
     def handler(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        log.info("received %s, stopping", name)
-        received.append(name)
+        sig = signal.Signals(signum)
+        log.info("received %s, stopping", sig.name)
+        received.append(sig)
         stop.set()
 
     signal.signal(signal.SIGINT, handler)
