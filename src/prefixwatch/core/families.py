@@ -105,6 +105,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("kv_loaded", names.OUT_KV_LOADED, {}),
     Family("kv_divergence", names.OUT_KV_DIVERGENCE, {}),
     Family("kv_divergence_kinds", names.OUT_KV_DIVERGENCE_KIND, {}),
+    Family("kv_pool_blocks", names.OUT_KV_POOL_BLOCKS, {}),
+    Family("kv_whatif", names.OUT_KV_WHATIF, {}),
 )
 
 BY_ROLE: dict[str, Family] = {f.role: f for f in FAMILIES}

@@ -82,3 +82,7 @@ class MirrorSnapshot:
     computed: dict[str, int]
     loaded: dict[str, int]
     divergence: tuple[list[tuple[float, int]], float]
+    #: The pool what-if (core/kvwhatif.py): the device pool in blocks (None: not known) and
+    #: the prompt tokens each larger pool would have served from what was evicted, by scale.
+    pool_blocks: int | None = None
+    whatif: dict[str, int] = field(default_factory=dict)

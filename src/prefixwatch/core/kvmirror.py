@@ -34,6 +34,7 @@ from prefixwatch.core.kvcounts import Divergence, MirrorSnapshot
 from prefixwatch.core.kvevents import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
 from prefixwatch.core.kvparts import COMPUTED_PARTS, ComputedParts
 from prefixwatch.core.kvresidency import RECENT_REMOVED, Residency
+from prefixwatch.core.kvwhatif import WhatIf
 
 DEVICE = "GPU"
 __all__ = ["COMPUTED_PARTS", "DEVICE", "Divergence", "FleetContent", "MirrorSnapshot",
@@ -64,6 +65,8 @@ class TargetMirror:
         self.removed: dict[str, int] = {}
         self.events: dict[str, int] = dict.fromkeys(EVENT_TYPES, 0)
         self.errors: dict[str, int] = {}
+        #: Recompute distances: the hit ratio of a larger pool (core/kvwhatif.py).
+        self.whatif = WhatIf()
 
     # -- feeding -------------------------------------------------------------------------------
 
@@ -114,6 +117,8 @@ class TargetMirror:
         unknown = self.copies.remove(hashes, medium, ts)
         if unknown:
             self.count_error(names.KV_ERROR_UNKNOWN_BLOCK, unknown)
+        if medium == DEVICE:
+            self.whatif.removed(self.copies.released)
         self.removed[medium] = self.removed.get(medium, 0) + len(hashes)
 
     def _parent(self, ev: Any, with_tokens: bool) -> Block | None:
@@ -188,7 +193,10 @@ class TargetMirror:
             hashes, nodes = hashes[:fits], nodes[:fits]
         copies.hold(DEVICE, hashes, nodes, ts)
         self.stored[DEVICE] = self.stored.get(DEVICE, 0) + n
-        self.parts.layout(found, created_at, toks, words, bs, sibling)
+        parts = self.parts
+        self.whatif.stored(parent, nodes[-1] if nodes else None, n, parts.reused,
+                           parts.source, bs)
+        parts.layout(found, created_at, toks, words, bs, sibling)
 
     def _store_lower_run(self, run: list[Any], ts: float) -> None:
         """Consecutive stores of one lower tier (CPU, disk, ...): residency and content, no
@@ -265,6 +273,7 @@ class TargetMirror:
         """Every resident copy is gone (AllBlocksCleared, a restarted publisher); the content
         stays known, and the loss is not an eviction."""
         self.copies.clear()
+        self.whatif.clear()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -280,16 +289,20 @@ class TargetMirror:
 
     def snapshot(self) -> MirrorSnapshot:
         """A copy of the counters, taken under the fleet's lock, for one scrape."""
-        parts, copies = self.parts, self.copies
+        parts, copies, whatif = self.parts, self.copies, self.whatif
         with self.fleet.lock:
+            errors = dict(self.errors)
+            if whatif.dropped:
+                errors[names.KV_ERROR_GHOSTS_FULL] = whatif.dropped
             return MirrorSnapshot(
                 model=self.fleet.model, block_size=self.block_size,
-                events=dict(self.events), errors=dict(self.errors),
+                events=dict(self.events), errors=errors,
                 stored=dict(self.stored), removed=dict(self.removed),
                 resident=dict(copies.count),
                 lifetimes={m: (h.cumulative(), h.total) for m, h in copies.lifetimes.items()},
                 computed=dict(parts.computed), loaded=dict(parts.loaded),
-                divergence=(parts.divergence.cumulative(), parts.divergence.total))
+                divergence=(parts.divergence.cumulative(), parts.divergence.total),
+                pool_blocks=whatif.pool_blocks, whatif=whatif.gained_tokens())
 
     def take_divergences(self) -> list[Divergence]:
         with self.fleet.lock:

@@ -54,6 +54,10 @@ class ComputedParts:
         self.loaded: dict[str, int] = {}
         self.divergence = Histogram(names.DIVERGENCE_BUCKETS)
         self.pending: deque[Divergence] = deque(maxlen=MAX_PENDING_DIVERGENCES)
+        #: The last device store's blocks this replica had evicted, (position, content) in
+        #: order, and which tier supplied each of its blocks (None: none): the what-if's.
+        self.reused: list[tuple[int, Block]] | None = None
+        self.source: list[str | None] | None = None
 
     def claim(self, nodes: Sequence[Block | None], hashes: Sequence[Any],
               lower: list[tuple[str, dict[Any, Any]]], evicted: set[Block],
@@ -66,6 +70,8 @@ class ComputedParts:
         chain = nodes
         loaded_here = 0
         source: list[str | None] | None = None
+        self.reused = None
+        self.source = None
         for medium, per in lower:  # the first lower tier holding a hash supplied it
             if per.keys().isdisjoint(hashes):
                 continue
@@ -81,11 +87,13 @@ class ComputedParts:
                     loaded_here += k
             chain = [None if s is not None else node
                      for node, s in zip(chain, source, strict=True)]
+            self.source = source
         claimed = _nones(chain)
         computed = self.computed
         computed["novel"] += (claimed - loaded_here) * bs  # content not known: novel
         old = _made_before(chain, known)
         if not evicted.isdisjoint(old):
+            self.reused = [(i, node) for i, node in enumerate(old) if node in evicted]
             chain = [None if node in evicted else node for node in chain]
             now = _nones(chain)
             computed["eviction"] += (now - claimed) * bs

@@ -43,6 +43,8 @@ class Residency:
         self.total = 0  # resident copies, every medium
         self.lifetimes: dict[str, Histogram] = {}
         self.recent: dict[Any, Block] = {}  # removed hashes, the oldest first
+        #: The content blocks of the last removal run (one per copy removed, in order).
+        self.released: Sequence[Block] = ()
 
     def tier(self, medium: str) -> tuple[dict[Any, Block | None], dict[Any, Any]]:
         """The resident blocks of one medium and their copies' stored times."""
@@ -145,6 +147,7 @@ class Residency:
             hist = self.lifetimes[medium] = Histogram(names.KV_LIFETIME_BUCKETS)
         res = self.resident.get(medium)
         if res is None or not hashes:
+            self.released = ()
             return len(hashes)  # none of them resident (or none named)
         since = self.since[medium]
         multi = self.multi.get(medium)
@@ -208,6 +211,7 @@ class Residency:
 
     def _release(self, nodes: Sequence[Block]) -> None:
         """One copy fewer of each content block held (each now evicted by this replica)."""
+        self.released = nodes  # (the what-if reads a device run's, in the order removed)
         held = self.held
         copies = list(map(held.pop, nodes, repeat(0)))
         if copies.count(1) != len(copies):  # not the last copy of each: the rest put back

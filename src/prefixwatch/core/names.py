@@ -330,6 +330,21 @@ OUT_KV_DIVERGENCE_KIND = OutMetric(
     "New chains of cached blocks by what varies where they leave the closest known chain "
     "(the target's /detokenize names it; unknown without one).", (L_TARGET, L_MODEL, L_KIND))
 
+L_POOL_SCALE = "pool_scale"
+OUT_KV_POOL_BLOCKS = OutMetric(
+    "prefixwatch_kv_pool_blocks", "gauge",
+    "The target's device KV pool in blocks (num_gpu_blocks of vllm:cache_config_info, or the "
+    "target's kv_pool_blocks in the config): the unit of pool_scale.", (L_TARGET,))
+OUT_KV_WHATIF = OutMetric(
+    "prefixwatch_kv_whatif_cached_tokens", "counter",
+    "Prompt tokens the target would have had cached with pool_scale times its device KV pool: "
+    "the engine's cached tokens (every tier) plus the blocks it computed again after evicting "
+    "them, within that pool's reach (measured from its KV event stream, first order: a lower "
+    "bound). Beside prefixwatch_prompt_tokens_total, a rate() quotient is the what-if hit "
+    "ratio.", (L_TARGET, L_MODEL, L_POOL_SCALE))
+#: The pool_scale values of the what-if counter (multiples of the device pool).
+KV_WHATIF_POOL_SCALES: tuple[str, ...] = ("1.25", "1.5", "2", "4")
+
 #: Why a device block had to be computed, in the order the ledger prints them.
 KV_COMPUTED_PARTS: tuple[str, ...] = ("eviction", "routing", "layout", "novel")
 #: The ``op`` label of the block counter: blocks stored, and blocks removed (evicted).
@@ -352,6 +367,9 @@ KV_LIFETIME_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1800,
 #: A mirrored block costs about 1.2 KB (benchmarks/bench_kv_events.py's frames).
 KV_MAX_CONTENT_BLOCKS = 262_144
 KV_MAX_RESIDENT_BLOCKS = 1_048_576
+#: Ghosts (content a replica evicted, with its removal clock) kept per target for the pool
+#: what-if (core/kvwhatif.py); they also go once past the largest scale's reach.
+KV_MAX_GHOST_BLOCKS = 262_144
 #: A message larger than this is dropped (too_large).
 KV_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Messages queued per subscription socket before ZMQ drops (its receive high-water mark).
@@ -366,6 +384,7 @@ KV_ERROR_MIRROR_FULL = "mirror_full"
 KV_ERROR_TOKENS = "token_count"
 KV_ERROR_UNKNOWN_PARENT = "unknown_parent"
 KV_ERROR_UNKNOWN_BLOCK = "unknown_block"
+KV_ERROR_GHOSTS_FULL = "whatif_full"
 #: Reasons of prefixwatch_kv_events_errors_total; each is pre-initialised to 0 per target.
 KV_ERROR_REASONS: tuple[str, ...] = (
     "malformed_payload",   # not a msgpack KVEventBatch
@@ -383,4 +402,5 @@ KV_ERROR_REASONS: tuple[str, ...] = (
     KV_ERROR_UNKNOWN_BLOCK,   # a removal of a block never seen stored
     KV_ERROR_MIRROR_FULL,     # resident copies past the target's cap: not mirrored
     KV_ERROR_HISTORY_FULL,    # old content forgotten by the model's cap
+    KV_ERROR_GHOSTS_FULL,     # evicted content within the what-if's reach forgotten at its cap
 )
