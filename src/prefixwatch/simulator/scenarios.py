@@ -218,6 +218,36 @@ def _short(rng: random.Random, c: Corpus, now: datetime) -> Work:
     return Work({"prompt": f"Classify: {word}", "max_tokens": 4})
 
 
+#: The assistants of the working-set scenario, and how popular each is (Zipf, exponent 1).
+ASSISTANTS = 8
+_ASSISTANT_WEIGHTS = tuple(1.0 / (i + 1) for i in range(ASSISTANTS))
+_assistant_prompts: dict[int, tuple[str, ...]] = {}
+
+
+def _assistant_systems(c: Corpus) -> tuple[str, ...]:
+    """Eight system prompts of ~1,800 tokens each, different from their first line on (their
+    own rules and examples: no layout to fix, only memory or routing can share them)."""
+    got = _assistant_prompts.get(id(c))
+    if got is None:
+        out = []
+        for i in range(ASSISTANTS):
+            rng = random.Random(1000 + i)
+            lines = [f"You are the {_TOPICS[i]} assistant of Northwind Outfitters.",
+                     "Follow these rules in order of priority."]
+            for topic in rng.sample(_TOPICS, 10):
+                lines += _sentences(rng, 4, topic)
+            out.append("\n".join(lines) + "\n\nExamples:\n"
+                       + c.few_shot_text(rng.sample(c.few_shots, 6)))
+        got = _assistant_prompts[id(c)] = tuple(out)
+    return got
+
+
+def _working_set(rng: random.Random, c: Corpus, now: datetime) -> Work:
+    i = rng.choices(range(ASSISTANTS), _ASSISTANT_WEIGHTS)[0]
+    return Work(_chat(_assistant_systems(c)[i], c.question(rng), c.tools),
+                route_key=f"assistant-{i}")
+
+
 LORA_ADAPTERS = tuple(f"support-adapter-{i}" for i in range(8))
 
 
@@ -250,6 +280,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "pool that holds about 12 prompts: the running batch fills it, LRU eviction, "
              "preemptions.", "eviction under memory pressure", _many_tenants(64, 256),
              num_blocks=1500, expected_hit_rate="~15%"),
+    Scenario("working-set", "Eight assistants, each with its own long system prompt, the "
+             "popular ones asked far more often (Zipf), and a KV pool that holds about three of "
+             "them: the pool evicts prompts between two uses. A larger pool wins them back, "
+             "and the pool what-if says by how much.", "eviction under memory pressure",
+             _working_set, num_blocks=500, expected_hit_rate="~50% (~75% with 2x the pool)"),
     Scenario("short-prompts", "Classification prompts shorter than one 16-token block: "
              "nothing can ever be cached.", "prompts under one block", _short,
              expected_hit_rate="0%"),
