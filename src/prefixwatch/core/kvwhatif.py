@@ -99,7 +99,7 @@ class WhatIf:
         if not n:
             return
         start = self.clock
-        self.ghosts.update(zip(nodes, range(start, start + n)))
+        self.ghosts.update(zip(nodes, range(start, start + n), strict=True))
         self._runs.append((start, nodes))
         self.clock = start + n
         self._forget()

@@ -33,6 +33,7 @@ from prefixwatch.exporter.evidence import served_tokens
 from prefixwatch.exporter.kvevents import KvSource
 from prefixwatch.exporter.kvevents.emit import add_families as add_kv_families
 from prefixwatch.exporter.kvevents.emit import add_ledger_families
+from prefixwatch.exporter.kvevents.whatif import add_whatif_families
 from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
 from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -144,6 +145,7 @@ class PrefixwatchCollector(Collector):
             add_kv_families(family, self.kv_sources())
         if self.kv_ledgers is not None:
             evented = add_ledger_families(family, self.kv_ledgers, self.windows)
+            add_whatif_families(family, self.kv_ledgers)
         if self.view is not None:
             self._collect_requests(family, evented)
         yield from fam.values()

@@ -43,6 +43,9 @@ class TargetConfig:
     #: The topic to subscribe to ("": every topic on the endpoint); in listen mode, the topic
     #: that names this target.
     kv_events_topic: str = ""
+    #: The device KV pool in blocks, for the pool what-if when the engine's page does not say
+    #: (vLLM's num_gpu_blocks of vllm:cache_config_info wins when it does); None: the page's.
+    kv_pool_blocks: int | None = None
 
     @property
     def display_url(self) -> str:
@@ -145,7 +148,7 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
 
 
 _LIMIT_KEYS = ("max_body_bytes", "max_series", "max_models", "max_label_length", "max_buckets")
-_KV_TARGET_KEYS = ("kv_events", "kv_events_replay", "kv_events_topic")
+_KV_TARGET_KEYS = ("kv_events", "kv_events_replay", "kv_events_topic", "kv_pool_blocks")
 _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
                 *_LIMIT_KEYS, *_KV_TARGET_KEYS}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
@@ -175,6 +178,16 @@ def requests_log_from(data: dict[str, Any], where: str) -> RequestsLogConfig:
     return cfg
 
 
+def _pool_blocks(value: Any, where: str) -> int | None:
+    """A target's kv_pool_blocks: a whole number of blocks, at least 2 (or absent)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise ConfigError(f"{where}: kv_pool_blocks must be a whole number of KV blocks "
+                          f"(at least 2), not {value!r}")
+    return value
+
+
 def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConfig:
     if isinstance(entry, str):
         entry = {"url": entry}
@@ -193,6 +206,7 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
             **{k: validate_zmq_endpoint(entry[k], where) for k in ("kv_events", "kv_events_replay")
                if entry.get(k)},
             kv_events_topic=str(entry.get("kv_events_topic") or ""),
+            kv_pool_blocks=_pool_blocks(merged.get("kv_pool_blocks"), where),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc

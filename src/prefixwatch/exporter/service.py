@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from prefixwatch.core import names, schemas, settings
+from prefixwatch.core import names, settings
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
@@ -34,6 +34,7 @@ from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
 from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
+from prefixwatch.exporter.kvevents.whatif import page_pool_blocks
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.pagereader import CACHED
@@ -145,12 +146,9 @@ class Exporter:
         if time.monotonic() - at > 1.0:
             sizes = {}
             for mon in self.monitors:
-                with mon.lock:
-                    snap = mon.snapshot
-                    got = {v.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS)
-                           for v in snap.series.values()} if snap else set()
-                if len(got) == 1 and (value := got.pop()) and value.isdigit():
-                    sizes[mon.name] = sizes[urlsplit(mon.target.url).netloc] = int(value)
+                value = page_pool_blocks(mon)
+                if value is not None:
+                    sizes[mon.name] = sizes[urlsplit(mon.target.url).netloc] = value
             self._pool_sizes = (time.monotonic(), sizes)
         if isinstance(replica, str) and replica in sizes:
             return sizes[replica]

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prefixwatch.core import names
 from prefixwatch.core.eventledger import event_shares
 from prefixwatch.exporter.kvevents.source import KvSource
+from prefixwatch.exporter.kvevents.whatif import WhatIfSeries, gained_of, set_pool
 from prefixwatch.exporter.monitor import TargetMonitor
 
 #: How long after a page is read its target's stream is read again: the engine publishes a
@@ -50,6 +51,8 @@ class Sample:
     computed: dict[str, int]
     #: Tokens the stream stored while the page was fetched (its two readings' difference).
     moved: int
+    #: The pool what-if's tokens served from ghosts by pool_scale (core/kvwhatif.py).
+    gained: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class EventLedgers:
         self._history: dict[str, deque[Sample]] = {}
         self._first: dict[str, Sample] = {}
         self._written: dict[str, dict[str, int]] = {}
+        #: The pool what-if counters, from the same samples (exporter/kvevents/whatif.py).
+        self.whatif = WhatIfSeries(self)
 
     def before_poll(self, target: str) -> dict[str, int] | None:
         """The stream's computed parts just before ``target``'s page is fetched."""
@@ -132,7 +137,8 @@ class EventLedgers:
         if got is None:
             return
         moved = sum(computed.values()) - sum((before or computed).values())
-        self._add(target, source, Sample(now, got, computed, max(moved, 0)))
+        set_pool(source, mon)
+        self._add(target, source, Sample(now, got, computed, max(moved, 0), gained_of(source)))
 
     def _add(self, name: str, source: KvSource, sample: Sample) -> None:
         with self.lock:
@@ -162,6 +168,14 @@ class EventLedgers:
             if mirror is not None and mirror.fleet.model:
                 out.setdefault(mirror.fleet.model, []).append(name)
         return out
+
+    def ends(self, target: str) -> tuple[Sample, Sample] | None:
+        """The first and the last sample of ``target`` since its engine started (None: none)."""
+        with self.lock:
+            ring = self._history.get(target)
+            if not ring:
+                return None
+            return self._first[target], ring[-1]
 
     def span(self, target: str, seconds: float | None) -> Span | None:
         """The target's ledger over the last ``seconds`` (None: since the first sample)."""
