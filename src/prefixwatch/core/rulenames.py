@@ -136,6 +136,19 @@ R_KV_LOADED = "model_name_medium:kv_loaded_tokens:rate5m"
 R_KV_STORED = "target_medium:kv_blocks_stored:rate5m"
 R_KV_REMOVED = "target_medium:kv_blocks_removed:rate5m"
 
+# The pool what-if (KV events): the hit ratio each model would have had with pool_scale times
+# its replicas' device pools (1.25, 1.5, 2, 4), and at "1" the delivered ratio of the same
+# replicas (the curve's point today), every tier counted.
+MODEL_POOL_SCALE = "model_name_pool_scale"
+#: The pool_scale of the curve's point today (the delivered ratio beside the what-ifs).
+POOL_SCALE_TODAY = "1"
+
+
+def r_kv_whatif_ratio(w: str) -> str:
+    """Hit ratio per model and pool_scale over ``w`` (the what-if, and "1" today)."""
+    return f"{MODEL_POOL_SCALE}:kv_whatif_hit_ratio:ratio_rate{w}"
+
+
 #: Windows of the recorded fleet ratios (the critical and warning alerts' windows are recorded
 #: whatever a config lists).
 RATIO_WINDOWS = ("1m", "5m", "15m", "1h")

@@ -25,6 +25,7 @@ from prefixwatch.core.names import (
     L_MODEL,
     L_OP,
     L_PART,
+    L_POOL_SCALE,
     L_TARGET,
 )
 from prefixwatch.core.rulenames import (
@@ -32,11 +33,13 @@ from prefixwatch.core.rulenames import (
     ALERT_KV_ROUTING,
     MODEL_PART,
     MODEL_TARGET_PART,
+    POOL_SCALE_TODAY,
     R_KV_LOADED,
     R_KV_REMOVED,
     R_KV_STORED,
     r_kv_computed,
     r_kv_computed_share,
+    r_kv_whatif_ratio,
 )
 from prefixwatch.mixin.promql import Exprs
 from prefixwatch.mixin.sources import source
@@ -46,6 +49,7 @@ _EXPORTER = source("exporter")
 KV_COMPUTED = _EXPORTER.raw["kv_computed"]
 KV_LOADED = _EXPORTER.raw["kv_loaded"]
 KV_BLOCKS = _EXPORTER.raw["kv_blocks"]
+KV_WHATIF = _EXPORTER.raw["kv_whatif"]
 #: Windows of the recorded parts: the dashboards read 5m, the alerts ``kv_window``.
 KV_DASHBOARD_WINDOW = "5m"
 
@@ -86,7 +90,26 @@ class KVRules(Exprs):
         for name, op in zip((R_KV_STORED, R_KV_REMOVED), KV_BLOCK_OPS, strict=True):
             blocks = self.sel(KV_BLOCKS, f'{L_OP}="{op}"')
             rec(name, f"sum by ({self.labels(L_TARGET, L_MEDIUM)}) (rate({blocks}[{w5}]))")
+        for w in self.windows:
+            rec(r_kv_whatif_ratio(w), self.whatif_ratio(w))
         return out
+
+    def whatif_ratio(self, w: str) -> str:
+        """The pool what-if curve of each model over ``w``: the what-if cached tokens by
+        pool_scale, and at pool_scale "1" the cached tokens (every tier), over the prompt
+        tokens of the same replicas (those with a what-if counter)."""
+        t = self.src.tiers
+        assert t is not None
+        model, win = self.labels(L_MODEL), self.w(w)
+        on = f"on ({self.labels(L_TARGET, L_MODEL)})"
+        whatif = self.sel(KV_WHATIF)
+        followed = f"group by ({self.labels(L_TARGET, L_MODEL)}) ({whatif})"
+        prompt = (f"sum by ({model}) (rate({self.sel(t.total)}[{win}]) and {on} {followed})")
+        today = (f'label_replace(sum by ({model}) (rate({self.sel(t.cached)}[{win}]) '
+                 f'and {on} {followed}), "{L_POOL_SCALE}", "{POOL_SCALE_TODAY}", "", "")')
+        larger = f"sum by ({self.labels(L_MODEL, L_POOL_SCALE)}) (rate({whatif}[{win}]))"
+        return (f"(\n  {larger}\nor\n  {today}\n)\n/ on ({model}) group_left ()\n"
+                f"({prompt} > 0)")
 
     def prompt_rate(self, *group: str) -> str:
         """Prompt tokens per second of the group over ``kv_window`` (the engines' counter, as

@@ -10,15 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prefixwatch.core.names import L_PART, LEDGER_TAIL
+from prefixwatch.core.names import KV_WHATIF_POOL_SCALES, L_PART, L_POOL_SCALE, LEDGER_TAIL
 from prefixwatch.core.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
     MODEL_PART,
+    POOL_SCALE_TODAY,
     r_kv_computed_share,
+    r_kv_whatif_ratio,
 )
 from prefixwatch.core.windows import parse_duration
-from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_DASHBOARD_WINDOW
+from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_DASHBOARD_WINDOW, KV_WHATIF
 
 STEP = 15  # as alerttests: seconds between samples
 MODEL = "llama-3-8b"  # as alerttests
@@ -97,3 +99,35 @@ def kv_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any]) -
                  [cases.expect(ALERT_KV_ROUTING, "warning", {**m, L_PART: "routing"},
                                routed / 2)]),
         cases.at(ALERT_KV_EVICTION, minutes - 1, [])])
+    whatif_cases(cases, case, phase, busy)
+
+
+#: The pool what-if case's curve: the hit ratio at each pool_scale (today's 0.5 at "1").
+CURVE: dict[str, float] = {POOL_SCALE_TODAY: 0.5, **dict(zip(KV_WHATIF_POOL_SCALES,
+                                                            (0.62, 0.71, 0.8, 0.86),
+                                                            strict=True))}
+
+
+def whatif_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any],
+                 busy: int) -> None:
+    """22. The pool what-if curve per model: replica 0 follows its KV stream (the exporter's
+    what-if counters), replica 1 does not and serves nothing from cache. The curve is replica
+    0's alone: its delivered ratio at pool_scale "1" (every tier), each larger pool's
+    what-if; replica 1's prompt tokens are in neither side."""
+    minutes = 20
+    n = round(minutes * 60 / STEP)
+    series = (cases.traffic([phase(minutes, busy, CURVE[POOL_SCALE_TODAY])],
+                            target="vllm-0:8000") +
+              cases.traffic([phase(minutes, busy, 0.0)], target="vllm-1:8000"))
+    for scale in KV_WHATIF_POOL_SCALES:
+        series.append({"series": cases.series_name(KV_WHATIF, {
+            **cases.base_labels("vllm-0:8000"), L_POOL_SCALE: scale}),
+            "values": f"0+{CURVE[scale] * busy * STEP:g}x{n}"})
+    labels = {**cases.extra, "model_name": MODEL}
+    samples = [{"labels": "{" + ",".join(f'{k}="{v}"' for k, v in sorted(
+                   {**labels, L_POOL_SCALE: scale}.items())) + "}", "value": CURVE[scale]}
+               for scale in sorted(CURVE)]
+    exprs = [{"expr": f"round({r_kv_whatif_ratio(w)}, 0.000001)",
+              "eval_time": f"{minutes - 1}m", "exp_samples": samples}
+             for w in dict.fromkeys((KV_DASHBOARD_WINDOW, cases.cfg.kv_window))]
+    case(series, [], exprs)
