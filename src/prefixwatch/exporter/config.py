@@ -135,7 +135,7 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
     """Give each target its label: its own name, host:port, or the URL (its display form,
     never a credential) when host:port repeats."""
     names = [t.name or default_target_name(t.url) for t in targets]
-    named = [replace(t, name=t.display_url if not t.name and exposition.count(n) > 1 else n)
+    named = [replace(t, name=t.display_url if not t.name and names.count(n) > 1 else n)
              for t, n in zip(targets, names, strict=True)]
     labels = [t.name for t in named]
     duplicates = sorted({n for n in labels if labels.count(n) > 1})
