@@ -135,7 +135,7 @@ def kv_section(exporter: Exporter) -> str:
         rows.append(_row(cells))
     table = _table("kv", ("target", "stream", "messages", "blocks stored", "resident", "lost",
                           "not used (reason count)"), rows)
-    return table and "<h2>KV event streams (README: KV events)</h2>" + table
+    return table and "<h2>KV event streams (docs/kv-events.md)</h2>" + table
 
 
 def event_ledger_section(exporter: Exporter, window: str | None) -> str:

@@ -292,7 +292,7 @@ OUT_KV_EVENTS = OutMetric(
     "AllBlocksCleared).", (L_TARGET, L_TYPE))
 OUT_KV_EVENTS_ERRORS = OutMetric(
     "prefixwatch_kv_events_errors", "counter",
-    "KV event messages, events or blocks not used, by reason (docs: README, KV events).",
+    "KV event messages, events or blocks not used, by reason (docs/kv-events.md).",
     (L_TARGET, L_REASON))
 OUT_KV_EVENTS_LOST = OutMetric(
     "prefixwatch_kv_events_lost", "counter",
