@@ -100,7 +100,7 @@ class PrefixwatchCollector(Collector):
         #: The model a requests log belongs to (None: every model the targets serve).
         self.view_model: str | None = None
         self.round_seconds: float | None = None  # set by the poll loop
-        #: The KV event sources (exporter/kvevents), when any target has a stream.
+        #: The KV event sources (exporter/kvsubscriber), when any target has a stream.
         self.kv_sources: Callable[[], list[KvSource]] | None = None
         #: Their ledgers (exporter/kvsubscriber/ledgerseries.py): the ledger of every model they
         #: serve.

@@ -93,7 +93,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("engine_reported_hit_ratio", exposition.OUT_ENGINE_REPORTED, {
         VLLM_V0: "vllm:gpu_prefix_cache_hit_rate", SGLANG: "sglang:cache_hit_rate"},
         extra=exposition.L_SOURCE),
-    # Derived from the engines' KV event streams (exporter/kvevents writes them): no reads.
+    # Derived from the engines' KV event streams (exporter/kvsubscriber writes them): no reads.
     Family("kv_events_up", exposition.OUT_KV_EVENTS_UP, {}),
     Family("kv_events", exposition.OUT_KV_EVENTS, {}),
     Family("kv_events_errors", exposition.OUT_KV_EVENTS_ERRORS, {}),
