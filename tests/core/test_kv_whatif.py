@@ -1,10 +1,10 @@
-"""The pool what-if of one mirror (core/kvwhatif.py): distances, the prefix rule, the caps."""
+"""The pool what-if of one mirror (core/kv/whatif.py): distances, the prefix rule, the caps."""
 
 from __future__ import annotations
 
-from prefixwatch.core import names
-from prefixwatch.core.kvevents import AllBlocksCleared, Batch, BlockRemoved, BlockStored
-from prefixwatch.core.kvmirror import FleetContent, TargetMirror
+from prefixwatch.core.kv.codec import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
+from prefixwatch.core.vocab import exposition
 
 BS = 16
 
@@ -105,11 +105,11 @@ def test_ghosts_stay_bounded_by_the_largest_pools_reach_and_by_the_cap() -> None
     for i in range(2000):
         feed(m, stored([i], tokens=toks(1000 + i, 1)), removed([i]))
     assert len(m.whatif.ghosts) <= 31
-    assert m.snapshot().errors.get(names.KV_ERROR_GHOSTS_FULL, 0) == 0
+    assert m.snapshot().errors.get(exposition.KV_ERROR_GHOSTS_FULL, 0) == 0
     capped = TargetMirror(FleetContent("m"))
     capped.whatif.max_ghosts = 50
     capped.whatif.set_pool(1000)  # reach 3000: the cap bites first, and is counted
     for i in range(2000):
         feed(capped, stored([i], tokens=toks(1000 + i, 1)), removed([i]))
     assert len(capped.whatif.ghosts) <= 51
-    assert capped.snapshot().errors[names.KV_ERROR_GHOSTS_FULL] >= 1900
+    assert capped.snapshot().errors[exposition.KV_ERROR_GHOSTS_FULL] >= 1900

@@ -18,7 +18,7 @@ from prefixwatch.exporter.config import ExporterConfig, TargetConfig
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator import poolcheck
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.server import Replica, ReplicaServer
 from tests.e2e.test_kv_stream_e2e import scrape, value, wait_for
 

@@ -1,4 +1,4 @@
-"""The pool what-if (core/kvwhatif.py) against the simulator run at the larger pools.
+"""The pool what-if (core/kv/whatif.py) against the simulator run at the larger pools.
 
 The same seeded scenario runs one request at a time at 1x, 1.5x and 2x its pool; the what-if
 the mirror measures from the 1x run's KV event stream must be each larger run's delivered hit

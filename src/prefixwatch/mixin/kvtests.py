@@ -10,8 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prefixwatch.core.names import KV_WHATIF_POOL_SCALES, L_PART, L_POOL_SCALE, LEDGER_TAIL
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.exposition import (
+    KV_WHATIF_POOL_SCALES,
+    L_PART,
+    L_POOL_SCALE,
+    LEDGER_TAIL,
+)
+from prefixwatch.core.vocab.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
     MODEL_PART,
@@ -19,7 +24,7 @@ from prefixwatch.core.rulenames import (
     r_kv_computed_share,
     r_kv_whatif_ratio,
 )
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_DASHBOARD_WINDOW, KV_WHATIF
 
 STEP = 15  # as alerttests: seconds between samples

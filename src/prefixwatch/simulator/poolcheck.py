@@ -2,8 +2,8 @@
 
 A scenario's requests (seeded, timestamps from a fixed clock) run one at a time through a
 simulated replica at the base pool and at each larger one. The base run's KV event stream goes
-through the exporter's own decode and mirror (``core/kvmirror.py``, its what-if in
-``core/kvwhatif.py``), which says what each larger pool would have served; each larger run
+through the exporter's own decode and mirror (``core/kv/mirror.py``, its what-if in
+``core/kv/whatif.py``), which says what each larger pool would have served; each larger run
 says what it did serve. The tests and ``benchmarks/bench_pool_whatif.py`` compare the two.
 """
 
@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from prefixwatch.core.kvevents import BatchDecoder
-from prefixwatch.core.kvmirror import FleetContent, TargetMirror
+from prefixwatch.core.kv.codec import BatchDecoder
+from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
 from prefixwatch.simulator.driver import tokenize_work
 from prefixwatch.simulator.engine import Engine, EngineConfig, VirtualClock
-from prefixwatch.simulator.kvevents import KVEvents, KVEventSink, encode_batch
+from prefixwatch.simulator.kvpublisher import KVEvents, KVEventSink, encode_batch
 from prefixwatch.simulator.scenarios import SCENARIOS, Corpus
 from prefixwatch.simulator.server import Replica
 
