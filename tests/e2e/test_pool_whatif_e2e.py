@@ -82,6 +82,10 @@ def test_the_exporters_what_if_is_the_larger_pools_hit_ratio() -> None:
                                                                            delivered)
         base = poolcheck.run(POOL, work)
         assert poolcheck.run(2 * POOL, work).ratio - base.ratio > 0.1  # a real curve
+        # The landing page draws the curve and says it in words.
+        page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
+        assert "How much memory would win it back" in page and "class=\"poolcurve\"" in page
+        assert f"instead of {base.ratio:.0%}" in page
     finally:
         exporter.stop()
         sim.stop()

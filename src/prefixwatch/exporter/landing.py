@@ -18,6 +18,7 @@ from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_histo
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.evidence import served_tokens
 from prefixwatch.exporter.pagereader import CACHED
+from prefixwatch.exporter.poolchart import pool_section
 from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, tier_shares
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def render_landing(exporter: Exporter) -> str:
         "<th>hit ratio (device, effective)</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
         + tier_section(exporter, window) + kv_section(exporter)
-        + ledger_section(exporter, window)
+        + ledger_section(exporter, window) + pool_section(exporter, window)
         + charts_section(exporter, time.time())
         + "</body></html>")
 

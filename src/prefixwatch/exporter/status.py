@@ -192,6 +192,7 @@ class EventLedgerStatus:
 
     def finish(self) -> list[str]:
         from prefixwatch.core.kv.eventledger import event_table
+        from prefixwatch.core.kv.poolcurve import verdict
 
         exp = self.exporter
         try:
@@ -208,6 +209,9 @@ class EventLedgerStatus:
                 lines.append(f"  {name} ({snap.model}; {span.requests} requests, "
                              f"{lost} messages lost):")
                 lines += ["    " + line for line in event_table(span.shares, span.prompt)]
+                curve = exp.kv_ledgers.whatif.curve([name], None)
+                if curve is not None:  # the pool what-if over the same gap
+                    lines.append(f"    KV pool: {verdict(curve, span.shares)}")
             return lines
         finally:
             exp.kv.stop()

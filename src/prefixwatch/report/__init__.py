@@ -34,6 +34,7 @@ def write_report(prometheus: str, out_dir: str | Path, request: Request,
     """Query Prometheus over the request's range and write report.html, report.md and the
     figures (PNG and SVG) into ``out_dir``. Raises ReportError on anything the user can fix."""
     # matplotlib and jinja2 load here, not with the package, so `report --help` stays light.
+    from prefixwatch.report import poolfigure
     from prefixwatch.report.figures import figure1, figure2, figure3
     from prefixwatch.report.render import render_html, render_markdown
 
@@ -45,7 +46,7 @@ def write_report(prometheus: str, out_dir: str | Path, request: Request,
     finding = first_divergence(requests_log, block_size, tokenizer) if requests_log else None
     data.divergence = finding.__dict__ if finding else None
     drawn = [("figure1-hit-ratio-ttft", figure1(data)), ("figure2-tiers", figure2(data)),
-             ("figure3-ledger", figure3(data))]
+             ("figure3-ledger", figure3(data)), (poolfigure.NAME, poolfigure.figure4(data))]
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -189,6 +189,16 @@ class Collector:
             return None
         return {s.labels.get(L_PART, ""): self._finite(s.samples) for s in parts}
 
+    def _pool_curve(self, data: ReportData) -> None:
+        """The pool what-if curve over the drop (the "during" phase), else the whole range."""
+        from prefixwatch.report.poolfigure import pool_curve
+
+        during = data.phase("during")
+        start, end = ((during.phase.start, during.phase.end) if during is not None
+                      else (self.start, self.end))
+        data.pool_curve = pool_curve(self.client, _sel(data.model), start, end, self.step)
+        data.pool_curve_span = "during the drop" if during is not None else "over the range"
+
     def _inside(self, metric: str, span: Phase) -> str:
         """The mean over ``span`` of a recorded rate, from samples (one a step) whose windows
         lie inside the span: each covers the window before it, so traffic from the other side
@@ -256,6 +266,7 @@ class Collector:
             diagnosis=self.diagnosis(model), crossings=cross, phases=stats,
             tiers=self.tiers(model), ledger=self.ledger(model), hit_ratio=req.hit_ratio,
             ratio_window=req.ratio_window, notes=notes)
+        self._pool_curve(data)
         if not stats:
             data.phase_note = (f"No phase of the range is longer than the {self.window:.0f}s "
                                "rate window: widen the range.")

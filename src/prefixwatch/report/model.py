@@ -112,6 +112,10 @@ class ReportData:
     phase_note: str = ""
     notes: list[str] = field(default_factory=list)
     divergence: dict | None = None
+    #: The pool what-if curve (pool_scale -> hit ratio, "1" today) over ``pool_curve_span``;
+    #: None when not recorded (report/poolfigure.py).
+    pool_curve: dict[str, float] | None = None
+    pool_curve_span: str = ""
 
     @property
     def ratio_label(self) -> str:

@@ -28,6 +28,10 @@ def not_available(name: str, data: ReportData) -> str:
     if name == "figure3-ledger":
         return (f"Figure 3 (where the misses go): not available: no {R_LEDGER_SHARE} series "
                 "in this range (the exporter writes the ledger when it follows a request log).")
+    if name == "figure4-pool-curve":
+        from prefixwatch.report.poolfigure import missing
+
+        return missing()
     return ""
 
 

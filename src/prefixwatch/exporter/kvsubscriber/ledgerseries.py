@@ -169,16 +169,9 @@ class EventLedgers:
                 out.setdefault(mirror.fleet.model, []).append(name)
         return out
 
-    def ends(self, target: str) -> tuple[Sample, Sample] | None:
-        """The first and the last sample of ``target`` since its engine started (None: none)."""
-        with self.lock:
-            ring = self._history.get(target)
-            if not ring:
-                return None
-            return self._first[target], ring[-1]
-
-    def span(self, target: str, seconds: float | None) -> Span | None:
-        """The target's ledger over the last ``seconds`` (None: since the first sample)."""
+    def ends(self, target: str, seconds: float | None = None) -> tuple[Sample, Sample] | None:
+        """The samples that bound ``target``'s last ``seconds`` (None: since its first sample,
+        when the exporter first saw its engine and stream both): (start, last), or None."""
         with self.lock:
             ring = self._history.get(target)
             if not ring:
@@ -192,6 +185,14 @@ class EventLedgers:
                     if s.at > since:
                         break
                     start = s
+            return start, last
+
+    def span(self, target: str, seconds: float | None) -> Span | None:
+        """The target's ledger over the last ``seconds`` (None: since the first sample)."""
+        ends = self.ends(target, seconds)
+        if ends is None:
+            return None
+        start, last = ends
         mirror = self.sources[target].mirror
         bs = mirror.block_size if mirror is not None else 16
         a, b = start.counters, last.counters

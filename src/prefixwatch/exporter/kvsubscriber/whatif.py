@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from prefixwatch.core.kv.poolcurve import PoolCurve, curve_of, verdict
 from prefixwatch.core.kv.whatif import POOL_SCALES
 from prefixwatch.core.vocab import exposition, schemas
 from prefixwatch.exporter.kvsubscriber.source import KvSource
@@ -85,6 +86,33 @@ class WhatIfSeries:
             values = {s: max(v, before.get(s, v)) for s, v in values.items()}
         self._written[target] = (first, values)
         return source.mirror.fleet.model, values
+
+    def curve(self, targets: list[str], seconds: float | None) -> PoolCurve | None:
+        """The pool curve of ``targets`` summed over the last ``seconds`` (None: since their
+        first samples), or None without a what-if."""
+        prompt = cached = 0.0
+        gained = dict.fromkeys(POOL_SCALES, 0.0)
+        found = False
+        for target in targets:
+            ends = self.ledgers.ends(target, seconds)
+            if ends is None or not ends[1].gained:
+                continue
+            start, last = ends
+            found = True
+            prompt += last.counters.prompt - start.counters.prompt
+            cached += last.counters.cached - start.counters.cached
+            for s in POOL_SCALES:
+                gained[s] += last.gained[s] - start.gained.get(s, 0)
+        return curve_of(prompt, cached, gained) if found else None
+
+    def model_curve(self, model: str, seconds: float | None) -> tuple[PoolCurve, str] | None:
+        """A model's curve over its targets and its verdict (the event ledger's parts name
+        the missed tokens when memory would not help), or None."""
+        curve = self.curve(self.ledgers.models().get(model, []), seconds)
+        if curve is None:
+            return None
+        span = self.ledgers.model_span(model, seconds)
+        return curve, verdict(curve, span.shares if span is not None else None)
 
     def rows(self) -> Iterator[tuple[exposition.OutMetric, list[str], float]]:
         for target in sorted(self.ledgers.sources):
