@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex, RequestResult
 from prefixwatch.core.cache.requestledger import Ledger
 from prefixwatch.core.cache.whatvaries import FIXES, guess_kind
+from prefixwatch.core.kv.poolcurve import PoolCurve, curve_of
+from prefixwatch.core.kv.whatif import POOL_SCALES
 from prefixwatch.core.logs.tokenids import packed_ids
 
 MAX_EXAMPLES = 64
@@ -54,6 +56,8 @@ class Report:
     cacheable_tokens: int = 0
     simulated_cached_tokens: int = 0
     kv_blocks: int | None = None
+    #: The same log through pools ``pool_scale`` times ``kv_blocks`` (the pool curve).
+    scaled_cached_tokens: dict[str, int] = field(default_factory=dict)
     bad_lines: list[tuple[str, str]] = field(default_factory=list)
     positions: Counter = field(default_factory=Counter)
     examples: dict[int, Divergence] = field(default_factory=dict)
@@ -70,6 +74,15 @@ class Report:
         if self.kv_blocks is None or not self.prompt_tokens:
             return None
         return self.simulated_cached_tokens / self.prompt_tokens
+
+    def pool_curve(self) -> PoolCurve | None:
+        """The replayed hit ratio at ``kv_blocks`` and at each larger pool (None: no replay
+        at several sizes)."""
+        if self.simulated_hit_rate is None or not self.scaled_cached_tokens:
+            return None
+        gained = {s: n - self.simulated_cached_tokens
+                  for s, n in self.scaled_cached_tokens.items()}
+        return curve_of(self.prompt_tokens, self.simulated_cached_tokens, gained)
 
     def top_divergences(self, decode: Callable[[Sequence[int]], str], limit: int = 10,
                         redact: bool = False, decoded: bool = True) -> list[dict]:
@@ -104,11 +117,15 @@ class Auditor:
 
     FREEZE_EVERY = 64
 
-    def __init__(self, block_size: int = 16, kv_blocks: int | None = None) -> None:
+    def __init__(self, block_size: int = 16, kv_blocks: int | None = None,
+                 pool_curve: bool = True) -> None:
         if block_size < 1:
             raise ValueError("block size must be at least 1")
         self.index = PrefixIndex(block_size, packed=True)
         self.replay = LruReplay(kv_blocks, block_size) if kv_blocks else None
+        #: The pool curve: the same log through pools 1.25, 1.5, 2 and 4 times larger.
+        self.scaled = ({s: LruReplay(round(kv_blocks * float(s)), block_size)
+                        for s in POOL_SCALES} if kv_blocks and pool_curve else {})
         self.report = Report(block_size, kv_blocks=kv_blocks)
         #: The hit-rate ledger over the same index (core/cache/requestledger.py); the pool part with
         #: ``kv_blocks``, the routing part when requests name their replica.
@@ -132,6 +149,9 @@ class Auditor:
         if self.replay is not None:
             result.simulated_cached_tokens = self.replay.add(tokens, extra_keys)
             r.simulated_cached_tokens += result.simulated_cached_tokens
+            scaled = r.scaled_cached_tokens
+            for scale, replay in self.scaled.items():
+                scaled[scale] = scaled.get(scale, 0) + replay.add(tokens, extra_keys)
         if result.divergence is not None:
             pos = result.divergence.position
             r.positions[pos] += 1

@@ -18,8 +18,10 @@ from typing import Any
 
 from prefixwatch.audit.analysis import Auditor, Report, diff
 from prefixwatch.core.cache.requestledger import COUNTED as LEDGER_COUNTED
+from prefixwatch.core.cache.requestledger import Parts
 from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
+from prefixwatch.core.kv.poolcurve import PoolCurve, verdict
 from prefixwatch.core.logs.formats import BadLine, LogRequest, read_jsonl
 from prefixwatch.core.logs.tokenizers import (
     AuditError,
@@ -55,7 +57,11 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, metavar="N",
                    help="tokens per KV block (default: the server's, else 16)")
     p.add_argument("--kv-blocks", type=int, metavar="N",
-                   help="also replay through an LRU pool of N blocks (eviction)")
+                   help="also replay through an LRU pool of N blocks (eviction), and through "
+                        "pools 1.25, 1.5, 2 and 4 times larger (the pool curve: how much "
+                        "memory would win it back)")
+    p.add_argument("--no-pool-curve", action="store_true",
+                   help="with --kv-blocks, replay at N blocks only (one replay, not five)")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="a readable report (default) or JSON for CI")
     p.add_argument("--top", type=int, default=10, help="divergence positions to show")
@@ -132,7 +138,7 @@ def _run_log(args: argparse.Namespace) -> int:
                 raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
     tok = _tokenizer(args)
     text_capable = not isinstance(tok, NoTokenizer)
-    auditor = Auditor(_block_size(args, tok), args.kv_blocks)
+    auditor = Auditor(_block_size(args, tok), args.kv_blocks, not args.no_pool_curve)
     report = auditor.report
     bar = _progress(args.no_progress)
     for batch in _batches(read_jsonl(args.logs), BATCH):
@@ -173,6 +179,9 @@ def _run_log(args: argparse.Namespace) -> int:
         print("\nThe ledger: where every prompt token went (docs/runbooks.md#the-hit-rate-ledger)")
         totals = auditor.ledger.totals
         print("\n".join(ledger_table(totals, totals.achieved, auditor.ledger.unmeasured())))
+        curve = report.pool_curve()
+        if curve is not None:
+            print("\n" + "\n".join(_curve_text(curve, totals, args.kv_blocks)))
     rate = report.achievable_hit_rate
     if args.fail_under is not None and (rate is None or rate < args.fail_under):
         return 1
@@ -209,7 +218,21 @@ def _as_json(report: Report, top: list[dict]) -> dict[str, Any]:
     if report.kv_blocks is not None:
         out["kv_blocks"] = report.kv_blocks
         out["simulated_hit_rate"] = report.simulated_hit_rate
+    curve = report.pool_curve()
+    if curve is not None:
+        out["pool_curve"] = {"1": curve.today, **curve.whatif}
     return out
+
+
+def _curve_text(curve: PoolCurve, totals: Parts, kv_blocks: int) -> list[str]:
+    """The pool curve as text rows, and the sentence that reads it (the ledger names the
+    missed tokens when memory would not help)."""
+    parts = {"layout": totals.layout, "novel": totals.novel, "routing": totals.routing}
+    rows = ["The pool curve: the same log through larger KV pools (docs/capacity.md)",
+            f"{'POOL':>6} {'BLOCKS':>8} {'HIT RATE':>9}"]
+    for multiple, rate in curve.points():
+        rows.append(f"{multiple:>5g}x {round(kv_blocks * multiple):>8} {rate:>9.1%}")
+    return [*rows, verdict(curve, parts)]
 
 
 def _pct(value: float | None) -> str:
