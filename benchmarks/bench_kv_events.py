@@ -4,12 +4,12 @@ alone of the same recorded frames, in one run.
 The frames are vLLM 0.33's own (tests/fixtures/kv_events: the fleet and offload recordings,
 every message of every replica). A pass feeds all of them, in arrival order, through fresh
 ``KvSource`` objects (the exporter's whole path after the socket: frame checks, sequence
-tracking, typed decode, the content mirror, the computed-token parts, the layout search); the
-baseline decodes the same payloads with ``msgspec.msgpack.decode`` and does nothing else; a
-third side, the exporter's typed decode alone (``BatchDecoder``), shows how much of a pass is
-decoding. The sides take turns a pass at a time, --repeat passes each, and each side's fastest
-pass is compared: a pass lasts milliseconds, so the turns see the same machine, and a shared
-machine only ever adds time.
+tracking, typed decode, the content mirror, the computed-token parts, the layout search, the
+pool what-if with each recording's pool size); the baseline decodes the same payloads with
+``msgspec.msgpack.decode`` and does nothing else; a third side, the exporter's typed decode
+alone (``BatchDecoder``), shows how much of a pass is decoding. The sides take turns a pass
+at a time, --repeat passes each, and each side's fastest pass is compared: a pass lasts
+milliseconds, so the turns see the same machine, and a shared machine only ever adds time.
 
 Goal: at least 200,000 blocks per second, and at least half the decode-only rate.
 
@@ -25,6 +25,7 @@ import cProfile
 import gc
 import json
 import pstats
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,17 +58,35 @@ def blocks_in(messages: list[tuple[str, list[bytes]]]) -> int:
     return n
 
 
+def pool_sizes() -> dict[str, int]:
+    """Each recording's KV pool in blocks (num_gpu_blocks of its replicas' pages): the
+    mirrors get it as the exporter gives it from the page, so the pool what-if runs."""
+    out = {}
+    for name in ("fleet", "offload"):
+        page = (FIXTURES / name / "metrics_replica-0.txt").read_text()
+        out[name] = int(re.search(r'num_gpu_blocks="(\d+)"', page).group(1))
+    return out
+
+
+POOLS = pool_sizes()
+
+
 def ingest(messages: list[tuple[str, list[bytes]]], passes: int = 1) -> float:
-    """Seconds to feed every message through fresh sources, ``passes`` times over."""
+    """Seconds to feed every message through fresh sources, ``passes`` times over (each
+    mirror told its pool size once it exists, as the exporter's first poll does)."""
     start = time.perf_counter()
     for _ in range(passes):
         fleets = FleetRegistry()
         sources: dict[str, KvSource] = {}
+        unsized: dict[str, KvSource] = {}
         for key, f in messages:
             source = sources.get(key)
             if source is None:
-                source = sources[key] = KvSource(key, fleets)
+                source = sources[key] = unsized[key] = KvSource(key, fleets)
             source.ingest(f)
+            if unsized and key in unsized and source.mirror is not None:
+                source.mirror.whatif.set_pool(POOLS[key.split("/", 1)[0]])
+                del unsized[key]
     return time.perf_counter() - start
 
 

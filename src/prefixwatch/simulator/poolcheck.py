@@ -71,9 +71,9 @@ def requests(scenario: str, count: int, seed: int = 1) -> list[tuple[list[int], 
 
 
 def run(blocks: int, work: Iterable[tuple[list[int], int]], whatif: bool = False,
-        block_size: int = 16) -> PoolRun:
-    """The requests one at a time on a pool of ``blocks``; with ``whatif``, its stream
-    mirrored and the what-if read at the end."""
+        block_size: int = 16, together: int = 1) -> PoolRun:
+    """The requests ``together`` at a time (1: one at a time) on a pool of ``blocks``; with
+    ``whatif``, its stream mirrored and the what-if read at the end."""
     engine = Engine(EngineConfig(num_blocks=blocks, block_size=block_size),
                     clock=VirtualClock())
     batches = _Batches()
@@ -82,8 +82,10 @@ def run(blocks: int, work: Iterable[tuple[list[int], int]], whatif: bool = False
     if mirror is not None:
         mirror.whatif.set_pool(blocks)
     decoder = BatchDecoder()
-    for prompt, max_tokens in work:
-        engine.submit(prompt, max_tokens)
+    work = list(work)
+    for at in range(0, len(work), together):
+        for prompt, max_tokens in work[at:at + together]:
+            engine.submit(prompt, max_tokens)
         engine.run_until_idle()
         if mirror is not None:
             for payload in batches.payloads:
@@ -96,11 +98,12 @@ def run(blocks: int, work: Iterable[tuple[list[int], int]], whatif: bool = False
 
 
 def compare(scenario: str, blocks: int, scales: Iterable[str], count: int = 300,
-            seed: int = 1) -> tuple[PoolRun, dict[str, PoolRun]]:
-    """The base run (with its what-if) and a run at each of ``scales`` times the pool."""
+            seed: int = 1, together: int = 1) -> tuple[PoolRun, dict[str, PoolRun]]:
+    """The base run (with its what-if) and a run at each of ``scales`` times the pool, the
+    requests ``together`` at a time."""
     work = requests(scenario, count, seed)
-    base = run(blocks, work, whatif=True)
-    return base, {s: run(round(blocks * float(s)), work) for s in scales}
+    base = run(blocks, work, whatif=True, together=together)
+    return base, {s: run(round(blocks * float(s)), work, together=together) for s in scales}
 
 
 def table(scenario: str, base: PoolRun, larger: dict[str, PoolRun]) -> list[str]:
