@@ -128,6 +128,12 @@ def test_pool_pressure_is_eviction(tmp_path) -> None:
 
 
 @pytest.mark.integration
+def test_a_working_set_larger_than_the_pool_is_eviction(tmp_path) -> None:
+    run = run_scenario("working-set", tmp_path)
+    assert settled(run) == {"eviction_pressure"}
+
+
+@pytest.mark.integration
 def test_pool_pressure_with_vllms_kv_cache_metrics(tmp_path) -> None:
     """With --kv-cache-metrics the residency histograms corroborate it: cached blocks are
     evicted within seconds of their last use."""
@@ -193,6 +199,7 @@ def test_readme_table_matches_the_tests() -> None:
     rows = dict(re.findall(r"^\| (`[^|]*?) \| (.*?) \|$", table, re.M))
     expected = {f"`{name}`": cs for name, cs in EXPECTED.items()}
     expected["`pool-pressure`"] = {"eviction_pressure"}
+    expected["`working-set`"] = {"eviction_pressure"}
     expected["`round-robin`"] = {"routing_spread"}
     expected["`static-system-prompt`, `--no-prefix-caching`"] = {"caching_disabled"}
     expected["`static-system-prompt`, `--restart-at`"] = {"cold_start"}
