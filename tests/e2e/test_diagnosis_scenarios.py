@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import causes
 from prefixwatch.core.diagnosis import TargetEvidence
+from prefixwatch.core.vocab import causes
 from prefixwatch.exporter.config import build_config
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.service import Exporter

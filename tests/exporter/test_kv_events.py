@@ -38,10 +38,10 @@ def _truth(name: str, replica: str) -> dict[str, int]:
 
 
 def _request_ledger(name: str) -> dict[str, dict[str, int]]:
-    """The request ledger (core/ledger.py) of the recording's requests, per replica: the same
-    definitions, computed from the prompts instead of the stream."""
-    from prefixwatch.core.ledger import Ledger
-    from prefixwatch.core.prefixindex import PrefixIndex
+    """The request ledger (core/cache/requestledger.py) of the recording's requests, per replica:
+    the same definitions, computed from the prompts instead of the stream."""
+    from prefixwatch.core.cache.prefixindex import PrefixIndex
+    from prefixwatch.core.cache.requestledger import Ledger
 
     index, ledger, out = PrefixIndex(BS), Ledger(BS), {}
     for r in requests_of(name):
