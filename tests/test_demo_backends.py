@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from prefixwatch.core import rulenames
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.demo.backends import Backends
 from tests.conftest import free_port, require_binary
 
