@@ -15,8 +15,8 @@ from prefixwatch.core.kv.poolcurve import PoolCurve
 if TYPE_CHECKING:
     from prefixwatch.exporter.service import Exporter
 
-WIDTH, HEIGHT = 420, 200
-_LEFT, _RIGHT, _TOP, _BOTTOM = 44, 16, 22, 30
+WIDTH, HEIGHT = 420, 210
+_LEFT, _RIGHT, _TOP, _BOTTOM = 44, 16, 22, 40
 #: The x axis: pool multiples (logarithmic: 1x to 4x), and its ticks.
 _TICKS = (1.0, 1.25, 1.5, 2.0, 4.0)
 
@@ -49,18 +49,19 @@ def pool_curve_svg(curve: PoolCurve, title: str) -> str:
                      f'text-anchor="end">{tick:.0%}</text>')
     for tick in _TICKS:
         x = _x(tick)
-        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 12}" font-size="10" '
+        parts.append(f'<text x="{x:.1f}" y="{HEIGHT - 24}" font-size="10" '
                      f'text-anchor="middle">{tick:g}x</text>')
-    parts.append(f'<text x="{(WIDTH + _LEFT) / 2:.0f}" y="{HEIGHT - 1}" font-size="10" '
+    parts.append(f'<text x="{(WIDTH + _LEFT) / 2:.0f}" y="{HEIGHT - 6}" font-size="10" '
                  'text-anchor="middle">KV pool (multiple of today\'s)</text>')
     parts.append(f'<path d="{path}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
     for m, r in points[1:]:
         parts.append(f'<circle cx="{_x(m):.1f}" cy="{_y(r):.1f}" r="3" fill="#1f77b4">'
                      f'<title>{m:g}x: {r:.1%}</title></circle>')
     x0, y0 = _x(1.0), _y(curve.today)
+    label_y = y0 + 16 if curve.today >= 0.5 else y0 - 8  # off the curve, off the ticks
     parts.append(f'<circle cx="{x0:.1f}" cy="{y0:.1f}" r="5" fill="#d62728">'
                  f'<title>today: {curve.today:.1%}</title></circle>'
-                 f'<text x="{x0 + 8:.1f}" y="{y0 - 6:.1f}" font-size="11" fill="#d62728">'
+                 f'<text x="{x0 + 8:.1f}" y="{label_y:.1f}" font-size="11" fill="#d62728">'
                  f'today {curve.today:.0%}</text>')
     return "".join(parts) + "</svg>"
 
@@ -79,8 +80,8 @@ def pool_section(exporter: Exporter, window: str | None) -> str:
             continue
         curve, words = got
         out.append(f"<h3>{html.escape(model)}</h3><p class='verdict'>{html.escape(words)}</p>"
-                   + pool_curve_svg(curve, f"{model}: hit ratio by KV pool size "
-                                           f"({window}, {curve.prompt:,} prompt tokens)"))
+                   + pool_curve_svg(curve, f"hit ratio by KV pool size ({window}, "
+                                           f"{curve.prompt:,} prompt tokens)"))
     if not out:
         return ""
     return (f"<h2>How much memory would win it back ({html.escape(str(window))}, from the KV "
