@@ -58,7 +58,7 @@ def figure4(data: ReportData):
     ax.plot(xs, ys, color="#1f77b4", linewidth=2, marker="o")
     ax.plot([1.0], [curve.today], marker="o", markersize=10, color="#d62728", linestyle="")
     ax.annotate(f"today {curve.today:.0%}", (1.0, curve.today), textcoords="offset points",
-                xytext=(8, 8), color="#d62728")
+                xytext=(10, -16), color="#d62728")
     ax.axhline(data.threshold, color="#d62728", linestyle=(0, (6, 3)), linewidth=1.0)
     ax.set_xscale("log")
     ax.set_xticks(xs, [f"{x:g}x" for x in xs])
