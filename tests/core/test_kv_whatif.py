@@ -113,3 +113,4 @@ def test_ghosts_stay_bounded_by_the_largest_pools_reach_and_by_the_cap() -> None
         feed(capped, stored([i], tokens=toks(1000 + i, 1)), removed([i]))
     assert len(capped.whatif.ghosts) <= 51
     assert capped.snapshot().errors[exposition.KV_ERROR_GHOSTS_FULL] >= 1900
+
