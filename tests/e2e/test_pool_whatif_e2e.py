@@ -86,6 +86,10 @@ def test_the_exporters_what_if_is_the_larger_pools_hit_ratio() -> None:
         page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
         assert "How much memory would win it back" in page and "class=\"poolcurve\"" in page
         assert f"instead of {base.ratio:.0%}" in page
+        # The same sentence for the replica, as the diagnosis' log line gives it with
+        # eviction_pressure.
+        words = exporter.kv_ledgers.whatif.target_words("r0", None)
+        assert words is not None and words.endswith(")") and "the KV pool" in words
     finally:
         exporter.stop()
         sim.stop()

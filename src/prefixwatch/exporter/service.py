@@ -193,8 +193,11 @@ class Exporter:
             before = self._active.get(key)
             if active != (before or []):
                 level = logging.WARNING if active else logging.INFO
-                log.log(level, "diagnosis of %s on %s: %s", key[1], key[0],
-                        ", ".join(active) if active else "no cause holds any more")
+                text = ", ".join(active) if active else "no cause holds any more"
+                if "eviction_pressure" in active:  # how much memory would win it back
+                    words = self.kv_ledgers.whatif.target_words(key[0], self.diag_seconds)
+                    text += f" ({words})" if words else ""
+                log.log(level, "diagnosis of %s on %s: %s", key[1], key[0], text)
             self._active[key] = active
 
     def _schedule(self) -> None:

@@ -114,6 +114,14 @@ class WhatIfSeries:
         span = self.ledgers.model_span(model, seconds)
         return curve, verdict(curve, span.shares if span is not None else None)
 
+    def target_words(self, target: str, seconds: float | None) -> str | None:
+        """One target's curve in a sentence over the last ``seconds`` (None: no what-if)."""
+        curve = self.curve([target], seconds)
+        if curve is None:
+            return None
+        span = self.ledgers.span(target, seconds)
+        return verdict(curve, span.shares if span is not None else None)
+
     def rows(self) -> Iterator[tuple[exposition.OutMetric, list[str], float]]:
         for target in sorted(self.ledgers.sources):
             mon = self.ledgers.monitors.get(target)
