@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefixwatch.core.kv.codec import AllBlocksCleared, Batch, BlockRemoved, BlockStored
 from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
+from prefixwatch.core.kv.whatif import MIN_REBUILD
 from prefixwatch.core.vocab import exposition
 
 BS = 16
@@ -61,15 +62,19 @@ def test_the_removals_just_before_a_store_are_its_own_allocation() -> None:
 
 
 def test_the_run_stops_at_its_first_block_no_pool_would_serve() -> None:
-    m = mirror(2)
+    m = mirror(2)  # extra blocks: 1.25x 0, 1.5x 1, 2x 2, 4x 6
     a = toks(2, 3)
     feed(m, stored([1, 2, 3], tokens=a))
-    feed(m, removed([1]))  # the first block evicted first, long ago
+    feed(m, removed([1]), stored([200], tokens=toks(60, 1)))  # a's first block, long ago
     for i in range(4):
-        feed(m, stored([100 + i], tokens=toks(60 + i, 1)))
-    feed(m, *[removed([100 + i]) for i in range(4)], removed([3]), removed([2]))
+        feed(m, stored([100 + i], tokens=toks(61 + i, 1)))
+    for i in range(4):
+        feed(m, removed([100 + i]), stored([201 + i], tokens=toks(70 + i, 1)))
+    feed(m, removed([3]), removed([2]), stored([300], tokens=toks(80, 1)))
     feed(m, stored([11, 12, 13], tokens=a))
-    # Block 1: 6 removals since (4x: 6 extra blocks: no); so none of the chain is served.
+    # Block 1 went 7 removals before this request: no pool up to 4x (6 more blocks) held
+    # it, so none of the chain is served, though its later blocks went only 1 and 2 ago.
+    assert m.snapshot().computed["eviction"] == 3 * BS
     assert m.snapshot().whatif == {"1.25": 0, "1.5": 0, "2": 0, "4": 0}
 
 
@@ -101,10 +106,12 @@ def test_all_blocks_cleared_forgets_the_ghosts() -> None:
 
 
 def test_ghosts_stay_bounded_by_the_largest_pools_reach_and_by_the_cap() -> None:
-    m = mirror(10)  # 4x reaches 30 removals back
-    for i in range(2000):
+    m = mirror(10)  # 4x reaches 30 removals back: what is older goes at each rebuild
+    for i in range(3 * MIN_REBUILD):
         feed(m, stored([i], tokens=toks(1000 + i, 1)), removed([i]))
-    assert len(m.whatif.ghosts) <= 31
+        assert len(m.whatif.ghosts) <= MIN_REBUILD + 1
+    m.whatif._forget()  # what every rebuild keeps: the largest pool's reach
+    assert len(m.whatif.ghosts) <= 30
     assert m.snapshot().errors.get(exposition.KV_ERROR_GHOSTS_FULL, 0) == 0
     capped = TargetMirror(FleetContent("m"))
     capped.whatif.max_ghosts = 50

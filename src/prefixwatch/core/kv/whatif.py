@@ -31,13 +31,13 @@ schedule), vLLM always recomputes a prompt's last token (a prompt that would hit
 last block), and answers' blocks stored again are computed in any pool (a one-block store that
 continues the replica's previous store is taken as a decode step and never gains). The stream
 itself must be whole: lost messages and a stream followed from mid-way lose ghosts (no gain is
-invented). Ghosts go once the largest pool would have evicted them, and their number is capped
-(``exposition.KV_MAX_GHOST_BLOCKS``; one dropped while still within reach is counted).
+invented). Ghosts the largest pool would have evicted are forgotten in one pass whenever the
+ghosts have doubled since the last (at least ``MIN_REBUILD`` removals apart), and their number is
+capped (``exposition.KV_MAX_GHOST_BLOCKS``; one dropped while still within reach is counted).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +52,8 @@ _FACTORS: tuple[float, ...] = tuple(float(s) for s in POOL_SCALES)
 #: Tips (the last block of a recent device store) remembered to tell a decode step's one-block
 #: store from a prompt's: past this many, forgotten all at once.
 MAX_TIPS = 4096
+#: Ghosts forgotten past the pools' reach no more often than every this many removals.
+MIN_REBUILD = 4096
 
 
 class WhatIf:
@@ -65,8 +67,9 @@ class WhatIf:
         self.clock = 0
         self.at_store = 0
         self.ghosts: dict[Block, int] = {}
-        #: Removal runs in clock order (first clock, their blocks), to forget ghosts by age.
-        self._runs: deque[tuple[int, Sequence[Block]]] = deque()
+        #: The size at which the ghosts past every pool's reach are forgotten (``_forget``;
+        #: at ``max_ghosts`` at the latest).
+        self._limit = MIN_REBUILD
         #: Per scale, the removal clocks of the ghosts that pool served (sorted): each is a
         #: ghost that left that pool's queue by a hit, not by an eviction.
         self._served: list[SortedList] = [SortedList() for _ in POOL_SCALES]
@@ -99,38 +102,36 @@ class WhatIf:
         if not n:
             return
         start = self.clock
-        self.ghosts.update(zip(nodes, range(start, start + n), strict=True))
-        self._runs.append((start, nodes))
+        ghosts = self.ghosts
+        ghosts.update(zip(nodes, range(start, start + n), strict=True))
         self.clock = start + n
-        self._forget()
+        if len(ghosts) > self._limit or len(ghosts) > self.max_ghosts:
+            self._forget()
 
     def _forget(self) -> None:
-        """Drop the oldest runs once the largest pool would have evicted them, or past the cap
-        (counted)."""
-        runs, ghosts = self._runs, self.ghosts
+        """Keep the ghosts the largest pool may still hold, at most half the cap (the newest;
+        one dropped while within reach is counted): one pass over the dict, when it has
+        grown to twice what it must keep, so a removal pays a constant share of it and keeps
+        no object per run for the cyclic collector to walk."""
+        ghosts, clock = self.ghosts, self.clock
         last = len(POOL_SCALES) - 1
         reach = self._extra(last)
-        dropped = False
-        while runs:
-            start, nodes = runs[0]
-            end = start + len(nodes) - 1
-            gone = reach is not None and self.depth(last, end, self.clock) >= reach
-            if not gone and len(ghosts) <= self.max_ghosts:
-                break
-            runs.popleft()
-            dropped = True
-            get = ghosts.get
-            for i, node in enumerate(nodes, start):
-                if get(node) == i:
-                    del ghosts[node]
-                    if not gone and reach is not None:
-                        self.dropped += 1
-        if dropped:
-            oldest = runs[0][0] if runs else self.clock
-            for served in self._served:
-                cut = served.bisect_left(oldest)
-                if cut:
-                    del served[:cut]
+        keep = self.max_ghosts // 2
+        # A ghost's depth in a pool is at least its removals since less every ghost that
+        # pool served: past the largest pool's reach by that much, it is gone there.
+        horizon = (clock - int(reach) - len(self._served[last]) if reach is not None
+                   else clock - keep)
+        newest = clock - keep
+        if horizon < newest:
+            within = sum(1 for c in ghosts.values() if horizon < c <= newest)
+            self.dropped += within if reach is not None else 0
+            horizon = newest
+        self.ghosts = {node: c for node, c in ghosts.items() if c > horizon}
+        for served in self._served:
+            cut = served.bisect_right(horizon)
+            if cut:
+                del served[:cut]
+        self._limit = max(2 * len(self.ghosts), MIN_REBUILD)
 
     def stored(self, parent: Block | None, last: Block | None, n: int,
                reused: Sequence[tuple[int, Block]] | None, loaded: Sequence[Any] | None,
@@ -183,7 +184,7 @@ class WhatIf:
         """Every resident copy is gone (AllBlocksCleared): nothing is evicted by it, and the
         ghosts of the pool before are no pool's any more."""
         self.ghosts.clear()
-        self._runs.clear()
+        self._limit = MIN_REBUILD
         self._tips.clear()
         for served in self._served:
             served.clear()
