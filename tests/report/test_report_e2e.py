@@ -113,7 +113,8 @@ def test_report_renders_in_chromium(run, tmp_path: Path) -> None:
     url = written.html.resolve().as_uri()
     loaded = browser.load(url)
     assert loaded.dom.count('class="report-figure"') == 2
-    assert loaded.dom.count('class="na"') == 1  # figure 3: no ledger without a request log
+    # Figure 3: no ledger without a request log; figure 4: no pool curve without KV streams.
+    assert loaded.dom.count('class="na"') == 2
     assert loaded.console_errors == []
     shot = tmp_path / "report.png"
     assert browser.screenshot(url, shot) == []
