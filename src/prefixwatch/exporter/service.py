@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -24,6 +23,7 @@ from prometheus_client.exposition import choose_encoder
 
 from prefixwatch.core import names, schemas, settings
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
+from prefixwatch.core.httpreply import ReplyHandler
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter import scrape
@@ -31,7 +31,7 @@ from prefixwatch.exporter.charts import ChartCache
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
-from prefixwatch.exporter.http import BoundedHTTPServer
+from prefixwatch.exporter.http import READ_TIMEOUT, BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
 from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.landing import render_landing
@@ -330,43 +330,38 @@ class Exporter:
         return render_landing(self)
 
 
-def _make_handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
-    from prefixwatch.exporter.http import READ_TIMEOUT as http_timeout
+class ExporterHandler(ReplyHandler):
+    """/metrics, /healthz and the landing page of one exporter (``_make_handler`` binds it)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = f"prefixwatch/{__version__}"
-        timeout = http_timeout  # per read or write; the server adds a per-connection deadline
+    exporter: Exporter
+    server_version = f"prefixwatch/{__version__}"
+    timeout = READ_TIMEOUT  # per read or write; the server adds a per-connection deadline
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            log.debug("http: " + format, *args)
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        log.debug("http: " + format, *args)
 
-        def _send(self, status: int, body: bytes, ctype: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        exporter = self.exporter
+        if not exporter.web.allows(self.headers.get("Authorization")):
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="prefixwatch"')
+            self.send_header("Content-Length", "0")
             self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            return
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(exporter.registry), ctype)
+        elif path in ("/healthz", "/-/healthy"):
+            ok, why = exporter.healthy()
+            self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
+        elif path == "/":
+            self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
+        else:
+            self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if not exporter.web.allows(self.headers.get("Authorization")):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="prefixwatch"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            path = urlsplit(self.path).path
-            if path == "/metrics":
-                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, encoder(exporter.registry), ctype)
-            elif path in ("/healthz", "/-/healthy"):
-                ok, why = exporter.healthy()
-                self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
-            elif path == "/":
-                self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
-            else:
-                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+    do_HEAD = do_GET
 
-        do_HEAD = do_GET
 
-    return Handler
+def _make_handler(exporter: Exporter) -> type[ExporterHandler]:
+    return type("Handler", (ExporterHandler,), {"exporter": exporter})
