@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixwatch.core import causes
 from prefixwatch.core.diagnosis import TargetEvidence
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator.driver import Driver
@@ -54,10 +54,10 @@ def run_scenario(name: str, tmp_path, *, seconds: float = 8.0, rate: float = 20.
                for i in range(sc.replicas)]
     for s in servers:
         s.start()
-    config = build_config(
+    config = build_config(ConfigFlags(
         targets=[f"http://127.0.0.1:{s.port}/metrics" for s in servers], interval=0.5,
         listen_address="127.0.0.1:0", diagnosis_window=f"{WINDOW:g}s", cold_start="3s",
-        requests_log={"path": log_path, "follow": True}, environ={})
+        requests_log={"path": log_path, "follow": True}), environ={})
     exporter = Exporter(config)
     driver = Driver([s.replica for s in servers], sc, rate, seed=5, restart_at=restart_at)
     run = Run()

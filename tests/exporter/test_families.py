@@ -11,7 +11,7 @@ import yaml
 
 from prefixwatch.core import families, names, schemas
 from prefixwatch.exporter.collector import PrefixwatchCollector
-from prefixwatch.exporter.config import TargetConfig, build_config
+from prefixwatch.exporter.config import ConfigFlags, TargetConfig, build_config
 from prefixwatch.exporter.kvevents.kinds import KindNamer
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.otlp import OtlpBridge
@@ -78,7 +78,7 @@ def kv_exporter(tmp_path) -> Exporter:
         {"url": f"http://127.0.0.1:{i + 1}/metrics", "name": f"{name}-{r}",
          "kv_events": f"tcp://127.0.0.1:{i + 1}"} for i, (name, r) in enumerate(STREAMS)] + [
         {"url": f"http://127.0.0.1:{i + 9}/metrics", "name": f"t{i}"} for i in range(2)]}))
-    exp = Exporter(build_config(config_file=str(cfg), environ={}, windows=["1m"]))
+    exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), windows=["1m"]), environ={}))
     now = time.time()
     final = [*(page_of(*stream) for stream in STREAMS), *pages()]
     first = [*map(zeroed, final[:len(STREAMS)]), *final[len(STREAMS):]]

@@ -26,7 +26,13 @@ import requests
 
 from prefixwatch.core import names
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.exporter.config import ExporterConfig, TargetConfig, build_config, name_targets
+from prefixwatch.exporter.config import (
+    ConfigFlags,
+    ExporterConfig,
+    TargetConfig,
+    build_config,
+    name_targets,
+)
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer, with_counters
@@ -289,7 +295,7 @@ def test_a_password_never_shows_in_config_errors() -> None:
     for url in (f"ftp://admin:{SECRET}@host/metrics", f"http://admin:{SECRET}@host:99999/m",
                 f"http://admin:{SECRET}@[::1/metrics"):
         with pytest.raises(ConfigError) as info:
-            build_config(targets=[url], environ={})
+            build_config(ConfigFlags(targets=[url]), environ={})
         assert SECRET not in str(info.value) and "***@" in str(info.value)
 
 

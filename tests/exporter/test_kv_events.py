@@ -9,7 +9,7 @@ import pytest
 import yaml
 import zmq
 
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer
 from tests.exporter.kvstreams import (
@@ -68,8 +68,8 @@ class Bench:
         cfg.write_text(yaml.safe_dump({"targets": [
             {"url": p.url, "name": f"replica-{i}", "kv_events": pub.endpoint}
             for i, (p, pub) in enumerate(zip(self.pages, self.pubs, strict=True))]}))
-        self.exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                         listen_address="127.0.0.1:0"))
+        self.exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                                     listen_address="127.0.0.1:0"), environ={}))
         self.exp.start()
         for i in range(replicas):
             wait_for(lambda i=i: value(self.exp.registry, "prefixwatch_kv_events_up",
@@ -284,8 +284,8 @@ def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
     cfg.write_text(yaml.safe_dump({
         "kv_events_listen": "tcp://127.0.0.1:*",
         "targets": [{"url": p.url, "name": f"replica-{i}"} for i, p in enumerate(pages)]}))
-    exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                listen_address="127.0.0.1:0"))
+    exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                            listen_address="127.0.0.1:0"), environ={}))
     exp.start()
     pubs = []
     try:
@@ -418,8 +418,8 @@ def test_divergence_positions_and_kinds_from_the_targets_detokenize(tmp_path) ->
     cfg = tmp_path / "exporter.yaml"
     cfg.write_text(yaml.safe_dump({"targets": [{"url": server.url, "name": "replica-0",
                                                 "kv_events": pub.endpoint}]}))
-    exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                listen_address="127.0.0.1:0"))
+    exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                            listen_address="127.0.0.1:0"), environ={}))
     exp.start()
     try:
         pub.wait_subscribed()

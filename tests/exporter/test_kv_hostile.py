@@ -18,7 +18,7 @@ import yaml
 import zmq
 
 from prefixwatch.core.kvevents import BatchDecoder
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer
 from tests.exporter.kvstreams import Publisher, page_of, value, wait_for
@@ -59,8 +59,8 @@ class Pair:
         cfg.write_text(yaml.safe_dump({"targets": [
             bad, {"url": self.pages[1].url, "name": "good",
                   "kv_events": self.good_pub.endpoint}]}))
-        self.exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                         listen_address="127.0.0.1:0"))
+        self.exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                                     listen_address="127.0.0.1:0"), environ={}))
         self.exp.start()
         wait_for(lambda: self.v("prefixwatch_kv_events_up", target="good") == 1.0,
                  what="good subscribed")
