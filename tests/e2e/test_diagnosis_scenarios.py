@@ -72,9 +72,8 @@ def run_scenario(name: str, tmp_path, *, seconds: float = 8.0, rate: float = 20.
             run.rounds.append({c for cs in held.values() for c, on in cs.items() if on})
             time.sleep(0.5)
         page = generate_latest(exporter.registry).decode()
-        for mon in exporter.monitors:
-            with mon.lock:
-                run.evidence.update(evidence_for(mon, time.time(), WINDOW))
+        for view in exporter.views():
+            run.evidence.update(evidence_for(view, time.time(), WINDOW))
     finally:
         driver.stop()
         exporter.stop()

@@ -74,7 +74,7 @@ class Bench:
         for i in range(replicas):
             wait_for(lambda i=i: value(self.exp.registry, "prefixwatch_kv_events_up",
                                        target=f"replica-{i}") == 1.0, what="subscribed")
-        wait_for(lambda: all(m.up for m in self.exp.monitors), what="polled")
+        wait_for(lambda: all(v.up for v in self.exp.views()), what="polled")
         self.exp.poll_round()  # polled and sampled: the ledger's baseline
 
     def replay(self) -> None:
@@ -89,9 +89,9 @@ class Bench:
             wait_for(lambda s=source, n=n: s.messages == n, what="the message ingested")
         for i, page in enumerate(self.pages):
             page.serve(page_of(self.name, i))
-        polled = [m.last_polled for m in self.exp.monitors]
-        wait_for(lambda: all(m.last_polled != p and m.up
-                             for m, p in zip(self.exp.monitors, polled, strict=True)),
+        polled = [v.last_polled for v in self.exp.views()]
+        wait_for(lambda: all(v.last_polled != p and v.up
+                             for v, p in zip(self.exp.views(), polled, strict=True)),
                  what="the final pages polled")
         self.exp.poll_round()  # the final pages beside the stream, sampled
 

@@ -121,7 +121,7 @@ def test_otlp_failure_does_not_stop_polling(page_server: PageServer, vllm_page: 
         page_server.serve(vllm_page)
         exporter.poll_round()
         exporter.poll_round()
-        assert exporter.monitors[0].up and exporter.rounds == 2
+        assert exporter.monitors[0].view.up and exporter.rounds == 2
         bridge.shutdown()
 
 

@@ -45,7 +45,7 @@ def test_landing_page_says_the_ledger_needs_a_log_and_shows_it_with_one(tmp_path
         bare = Exporter(build_config(ConfigFlags(targets=[url],
                                                  listen_address="127.0.0.1:0"), environ={}))
         bare.poll_round()
-        assert "needs a KV event stream" in render_landing(bare)
+        assert "needs a KV event stream" in render_landing(bare.landing_inputs())
         page = bare.registry.collect()
         assert not any(f.name.startswith("prefixwatch_ledger") for f in page)
         bare.stop()
@@ -58,7 +58,7 @@ def test_landing_page_says_the_ledger_needs_a_log_and_shows_it_with_one(tmp_path
         assert exp.view is not None
         exp.view.add(list(range(1, 41)))
         exp.view.add(list(range(1, 41)))
-        html_page = render_landing(exp)
+        html_page = render_landing(exp.landing_inputs())
         exp.stop()
         assert "Where the prompt tokens went" in html_page
         # One poll: no engine counters over the window yet, so no achieved, no unexplained.
@@ -85,5 +85,5 @@ def test_a_failing_event_ledger_never_stops_the_polling(page_server, vllm_page, 
     page_server.serve(vllm_page)
     exporter.poll_round()
     exporter.poll_round()
-    assert exporter.monitors[0].up and exporter.rounds == 2
+    assert exporter.monitors[0].view.up and exporter.rounds == 2
     assert caplog.text.count("kv event ledger failed") == 4

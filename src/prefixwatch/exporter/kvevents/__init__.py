@@ -17,12 +17,12 @@ import zmq
 from prefixwatch.core import names
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.kvevents.kinds import KindNamer
-from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource, StreamView
 from prefixwatch.exporter.kvevents.subscriber import Listener, Subscription
 
 log = logging.getLogger("prefixwatch.exporter.kvevents")
 
-__all__ = ["KvEvents", "KvSource"]
+__all__ = ["KvEvents", "KvSource", "StreamView"]
 
 
 class KvEvents:
