@@ -13,8 +13,8 @@ from collections import deque
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prefixwatch.core import rulenames
 from prefixwatch.core.httpreply import ReplyHandler
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.mixin import alertmanager
 
 log = logging.getLogger("prefixwatch.demo")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from prefixwatch.core.windows import HistoryView
+from prefixwatch.core.vocab.windows import HistoryView
 from prefixwatch.exporter.chartbins import (
     BINS,
     Binned,

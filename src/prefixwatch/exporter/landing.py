@@ -10,17 +10,17 @@ import html
 import time
 from dataclasses import dataclass
 
-from prefixwatch.core import tiers
+from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.diagnosis import Diagnosis
-from prefixwatch.core.eventledger import event_table
-from prefixwatch.core.ledger import table as ledger_table
+from prefixwatch.core.kv.eventledger import event_table
 from prefixwatch.core.version import __version__
+from prefixwatch.core.vocab import tiers
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import LEDGER_NEEDS_LOG, served_tokens
-from prefixwatch.exporter.kvevents import StreamView
-from prefixwatch.exporter.kvevents.ledger import EventLedgers
+from prefixwatch.exporter.kvsubscriber import StreamView
+from prefixwatch.exporter.kvsubscriber.ledgerseries import EventLedgers
 from prefixwatch.exporter.monitor import TargetView
 from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -117,7 +117,8 @@ def tier_section(page: LandingInputs, window: str | None) -> str:
 
 
 def ledger_section(page: LandingInputs, window: str | None) -> str:
-    """Where the window's prompt tokens went (core/ledger.py), or that it needs a request log."""
+    """Where the window's prompt tokens went (core/cache/requestledger.py), or that it needs a
+    request log."""
     events = event_ledger_section(page, window)
     if events:
         return events
@@ -150,7 +151,7 @@ def kv_section(page: LandingInputs) -> str:
         rows.append(_row(cells))
     table = _table("kv", ("target", "stream", "messages", "blocks stored", "resident", "lost",
                           "not used (reason count)"), rows)
-    return table and "<h2>KV event streams (README: KV events)</h2>" + table
+    return table and "<h2>KV event streams (docs/kv-events.md)</h2>" + table
 
 
 def event_ledger_section(page: LandingInputs, window: str | None) -> str:

@@ -2,7 +2,7 @@
 
 A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
 in ``scrape_errors``, and logged once when the state changes (not on every poll).
-The window math lives in core/windows.py. Readers see a target only through its TargetView,
+The window math lives in core/vocab/windows.py. Readers see a target only through its TargetView,
 published whole at the end of each poll; what the diagnosis needs of a target is read from
 that view by exporter/evidence.py.
 """
@@ -19,13 +19,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from prefixwatch.core import families, names, tiers
-from prefixwatch.core.schemas import SourceSchema
 from prefixwatch.core.version import __version__
-from prefixwatch.core.windows import (
+from prefixwatch.core.vocab import exposition, families, tiers
+from prefixwatch.core.vocab.schemas import SourceSchema
+from prefixwatch.core.vocab.windows import (
     HistoryView,
-    Layout,
     SeriesHistory,
+    VectorLayout,
     histogram_quantile,
     plan_tiers,
     ratio,
@@ -148,7 +148,7 @@ class TargetView:
     #: time.monotonic() when the last poll ended, whatever its outcome (for /healthz).
     last_polled: float | None = None
     errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(
-        dict.fromkeys(names.SCRAPE_ERROR_REASONS, 0)))
+        dict.fromkeys(exposition.SCRAPE_ERROR_REASONS, 0)))
     #: The engine generation of the last page read (None before the first).
     schema: SourceSchema | None = None
     series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: _EMPTY)
@@ -171,13 +171,13 @@ class TargetView:
 _EMPTY: Mapping = MappingProxyType({})
 
 
-def layout_for(values: SeriesValues) -> Layout:
+def layout_for(values: SeriesValues) -> VectorLayout:
     hists = tuple((role, values.histograms[role].bounds) for role in HISTOGRAM_ROLES
                   if role in values.histograms)
-    return Layout(COUNTER_ROLES, hists)
+    return VectorLayout(COUNTER_ROLES, hists)
 
 
-def raw_vector(values: SeriesValues, layout: Layout) -> list[float]:
+def raw_vector(values: SeriesValues, layout: VectorLayout) -> list[float]:
     vec = [values.counters.get(role, math.nan) for role in layout.counters]
     for role, bounds in layout.histograms:
         hist = values.histograms.get(role)
@@ -216,7 +216,7 @@ class TargetMonitor:
         #: Taken by the poll that writes (polls of one target never overlap, but a test or a
         #: one-shot caller may ingest from another thread); readers never take it.
         self._lock = threading.Lock()
-        self._errors = dict.fromkeys(names.SCRAPE_ERROR_REASONS, 0)
+        self._errors = dict.fromkeys(exposition.SCRAPE_ERROR_REASONS, 0)
         self._histories: dict[SeriesKey, SeriesHistory | None] = {}
         self._state: tuple[bool, str | None] | None = None
         self._schema: str | None = None
@@ -405,7 +405,7 @@ def tier_sum(counters: Sequence[dict[str, float]]) -> dict[str, float]:
     return out if counters else {}
 
 
-def hist_delta(layout: Layout, delta: Sequence[float], role: str
+def hist_delta(layout: VectorLayout, delta: Sequence[float], role: str
                 ) -> tuple[tuple[float, ...], list[float], float] | None:
     """(bounds, cumulative counts, sum) of one histogram role inside a delta vector; None when
     the role is absent or any of its buckets is unknown."""
@@ -420,11 +420,11 @@ def hist_delta(layout: Layout, delta: Sequence[float], role: str
 
 
 def summed_delta(states: list[SeriesState], now: float, window: float, older: float = 0.0
-                 ) -> tuple[Layout, float, Sequence[float]] | None:
+                 ) -> tuple[VectorLayout, float, Sequence[float]] | None:
     """(layout, seconds covered, delta vector) of a model's engines summed over
     (now - window - older, now - older]; engines with other buckets are not summed."""
     deltas: list[Sequence[float]] = []
-    layout: Layout | None = None
+    layout: VectorLayout | None = None
     covered = 0.0
     for state in states:
         if state.history is None:
