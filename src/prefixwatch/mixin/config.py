@@ -83,8 +83,8 @@ class MixinConfig:
     warning_for: str = "15m"
     #: PrefixCacheHitRateRegression: the model's ratio over ``regression_window`` against the
     #: baseline (the ratio over ``baseline_window`` ending ``baseline_offset`` ago), the drop
-    #: held ``regression_for``: the shortest that opens no ticket for a dip (to 40% from 89%)
-    #: of up to three minutes.
+    #: held ``regression_for``: 5m/5m is the quickest that files no dip too short to page
+    #: (a dip to 40% under two minutes holds the 5-minute ratio under for at most 3.5).
     regression_window: str = "5m"
     regression_for: str = "5m"
     baseline_window: str = "2h"
@@ -303,8 +303,10 @@ def _check(cfg: MixinConfig, cf: ConfigFile) -> None:
                           "shorter than critical_long_window")
     interval = parse_duration(cfg.evaluation_interval)
     if parse_duration(cfg.critical_short_window) < MIN_SAMPLES * interval:
+        key = "critical_short_window" if "critical_short_window" in cf.data else (
+            "evaluation_interval")
         raise ConfigError(
-            f"{cf.where('critical_short_window')}: critical_short_window must hold at least "
+            f"{cf.where(key)}: critical_short_window must hold at least "
             f"{MIN_SAMPLES} evaluation intervals ({prom_duration(MIN_SAMPLES * interval)} at "
             f"evaluation_interval {cfg.evaluation_interval}): a shorter rate() rests on too few "
             "scrapes to page on")
