@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from prefixwatch.core.rulenames import ALERT_LOW, ALERT_REGRESSION
+from prefixwatch.core.vocab.rulenames import ALERT_LOW, ALERT_REGRESSION
 from prefixwatch.mixin.alerttests import Cases
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.promtoolinput import STEP, Phase, counters
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.rulenames import (
     ALERT_DEVICE_SHARE,
     ALERT_LOW,
     ALERT_OFFLOAD_FAILURES,
@@ -16,7 +16,7 @@ from prefixwatch.core.rulenames import (
     r_effective,
     r_offload_failed,
 )
-from prefixwatch.core.tiers import TIER_HOST
+from prefixwatch.core.vocab.tiers import TIER_HOST
 from prefixwatch.mixin.pagetiming import page_times
 from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase, sample
 
