@@ -17,8 +17,11 @@ test, so every rule sees the same samples in the same run:
   idle (traffic stops): the effective ratio and the noise the page must stay quiet on.
 
 Rules compared: prefixwatch's page (PrefixCacheHitRateLow, critical), its ticket (the first of
-PrefixCacheHitRateLow warning and PrefixCacheHitRateRegression) and the naive
-``sum(rate(hits[5m])) / sum(rate(queries[5m])) < 0.7`` for 5m. A time to page is counted from
+PrefixCacheHitRateLow warning and PrefixCacheHitRateRegression), the naive
+``sum(rate(hits[5m])) / sum(rate(queries[5m])) < 0.7`` for 5m, the lifetime ratio
+``sum(hits_total) / sum(queries_total) < 0.7`` for 5m (what a lifetime-ratio dashboard would
+alert on) and an llm-d style rule (the 5 m ratio below 30% for 15 minutes, no traffic guard).
+The compared rules read the device counters only. A time to page is counted from
 the event's first sample (for the drift, the first sample below 70%); a time to resolve from
 the first sample of the recovery. The alert groups are evaluated before the recording rules
 (the slower order: an alert reads ratios one evaluation old, as in a Prometheus whose alert
@@ -52,7 +55,12 @@ from prefixwatch.mixin.sources import SOURCES
 
 BUSY = 1000  # prompt tokens per second
 EVENT = 180.0  # minutes: every event starts here, after three healthy hours
-NAIVE = "NaiveRate5mBelow70For5m"
+#: The compared rules: (alert name, column heading, ratio expression, comparison, for).
+COMPARED = (
+    ("NaiveRate5mBelow70For5m", "naive rate5m < 0.7 for 5m", "rate5m", "< 0.7", "5m"),
+    ("NaiveLifetimeBelow70For5m", "naive lifetime ratio", "lifetime", "< 0.7", "5m"),
+    ("LlmdStyleBelow30For15m", "llm-d style (< 30% for 15m)", "rate5m", "< 0.3", "15m"),
+)
 
 
 @dataclass(frozen=True)
@@ -114,10 +122,13 @@ def rule_file(source: str, cfg: MixinConfig) -> dict[str, Any]:
         group["rules"] = [r for r in group["rules"]
                           if r.get("alert") in (None, ALERT_LOW, ALERT_REGRESSION)]
     src = builder.src
-    naive = (f"sum by (model_name) (rate({src.hits}[5m]))\n"
-             f"/ sum by (model_name) (rate({src.queries}[5m])) < 0.7")
+    ratios = {"rate5m": f"sum by (model_name) (rate({src.hits}[5m]))\n"
+                        f"/ sum by (model_name) (rate({src.queries}[5m]))",
+              "lifetime": f"sum by (model_name) ({src.hits})\n"
+                          f"/ sum by (model_name) ({src.queries})"}
     doc["groups"].append({"name": "naive", "interval": f"{STEP}s", "rules": [
-        {"alert": NAIVE, "expr": naive, "for": "5m", "labels": {"severity": "critical"}}]})
+        {"alert": name, "expr": f"{ratios[ratio]} {test}", "for": for_,
+         "labels": {"severity": "critical"}} for name, _, ratio, test, for_ in COMPARED]})
     return doc
 
 
@@ -137,7 +148,7 @@ def test_file(source: str, cfg: MixinConfig, cases: list[Scenario]) -> dict[str,
     first = min(s.event for s in cases)
     checks = [{"alertname": name, "eval_time": f"{t * STEP}s", "exp_alerts": []}
               for t in range(round(first * 60 / STEP) - 1, round(end * 60 / STEP) + 1)
-              for name in (ALERT_LOW, ALERT_REGRESSION, NAIVE)]
+              for name in (ALERT_LOW, ALERT_REGRESSION, *(c[0] for c in COMPARED))]
     groups = [g["name"] for g in Builder(source, cfg).document()["groups"]]
     return {"rule_files": ["rules.yml"], "evaluation_interval": f"{STEP}s",
             "group_eval_order": [*reversed(groups), "naive"],
@@ -164,7 +175,8 @@ def firing(output: str) -> dict[tuple[str, str], set[float]]:
         got = output[match.end():end].split("got:", 1)[-1]
         for labels in _LABELS.findall(got):
             pairs = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels))
-            column = {NAIVE: "naive", ALERT_REGRESSION: "ticket"}.get(pairs["alertname"]) or (
+            column = {ALERT_REGRESSION: "ticket", **{c[0]: c[0] for c in COMPARED}}.get(
+                pairs["alertname"]) or (
                 "page" if pairs.get("severity") == "critical" else "ticket")
             found.setdefault((pairs["model_name"], column), set()).add(
                 seconds(match.group(2)) / 60)
@@ -223,13 +235,13 @@ def main() -> int:
     fired = firing(out)
     print(f"Minutes to page / to resolve ({args.source} series, 15 s scrape and evaluation, "
           "one promtool run); '-' never fired.")
-    columns = ("page", "ticket", "naive")
-    heads = ("prefixwatch page", "prefixwatch ticket", "naive rate5m < 0.7 for 5m")
-    print(f"{'scenario':32}" + "".join(f"{h:>28}" for h in heads))
+    columns = ("page", "ticket", *(c[0] for c in COMPARED))
+    heads = ("prefixwatch page", "prefixwatch ticket", *(c[1] for c in COMPARED))
+    print(f"{'scenario':30}" + "".join(f"{h:>28}" for h in heads))
     unexpected = []
     for i, scenario in enumerate(cases):
         cells = [timing(fired.get((model_of(i), c), set()), scenario) for c in columns]
-        print(f"{scenario.name:32}" + "".join(f"{cell(*c):>28}" for c in cells))
+        print(f"{scenario.name:30}" + "".join(f"{cell(*c):>28}" for c in cells))
         if (cells[0][0] is not None) != scenario.pages:
             did = "paged" if cells[0][0] is not None else "stayed quiet"
             unexpected.append(f"prefixwatch {did} on {scenario.name}")

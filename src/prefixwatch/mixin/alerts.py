@@ -36,8 +36,9 @@ from prefixwatch.mixin.config import prom_duration
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, promql_regex_literal, promql_string
 
-NO_DIAGNOSIS = ("none (no prefixwatch_diagnosis is 1 for this model: a cause outside the "
-                "runbook, or the exporter is not scraped).")
+NO_DIAGNOSIS = ("none so far (no prefixwatch_diagnosis is 1 for this model: the exporter's "
+                "window does not show a cause yet, the cause is outside the runbook, or the "
+                "exporter is not scraped).")
 
 
 def render_ledger(part: str | None, share: float | None) -> str:
