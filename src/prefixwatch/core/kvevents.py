@@ -133,6 +133,47 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
+# -- SGLang's definitions (python/sglang/srt/disaggregation/kv_events.py): what it encodes ------
+# Positional arrays with the tag first, every field on the wire: ``BlockStored`` one page each
+# (``block_hashes`` of one signed 64-bit hash, the page's ``token_ids``, ``block_size`` its
+# length, ``lora_id`` None, ``medium`` "GPU" or "CPU_PINNED" for the HiCache host pool), the
+# batch ``[ts, events, attn_dp_rank]``. The exporter decodes them as the positional events above.
+
+
+class SGLangBlockStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+    """A page SGLang's radix cache stored (one per page of a new node)."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+
+
+class SGLangBlockRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
+    """A page SGLang evicted (one per page of an evicted node)."""
+
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class SGLangAllBlocksCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared",
+                             gc=False):
+    """SGLang's tree was reset (at start, and on flush_cache)."""
+
+
+SGLangEvent = SGLangBlockStored | SGLangBlockRemoved | SGLangAllBlocksCleared
+
+
+class SGLangEventBatch(msgspec.Struct, array_like=True, gc=False):
+    """SGLang's batch of one scheduler step's events; ``attn_dp_rank`` is set by its publisher."""
+
+    ts: float
+    events: list[SGLangEvent]
+    attn_dp_rank: int | None = None
+
+
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[Event]

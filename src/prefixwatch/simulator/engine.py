@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefixwatch.core.blockcache import BlockPool, Node, Residency
 from prefixwatch.simulator.kvevents import KVEvents
@@ -43,6 +44,8 @@ class EngineConfig:
     kv_cache_metrics_sample: float = 0.01
     #: Host (CPU) tier per replica in blocks, as vLLM's SimpleCPUOffloadConnector; 0 = none.
     offload_blocks: int = 0
+    #: SGLang's --page-size (the SGLang engine's matching granularity; vLLM's is block_size).
+    page_size: int = 1
 
 
 @dataclass
@@ -59,6 +62,11 @@ class SimRequest:
     cached_tokens: int = 0  # every tier, as the OpenAI usage field reports it
     external_cached_tokens: int = 0  # of which loaded from the host tier
     num_preemptions: int = 0
+    #: SGLang's radix cache: the node the request references, the tokens of its sequence the
+    #: tree holds (matched or inserted), the slots it holds outside the tree.
+    radix_node: Any = None
+    radix_inserted: int = 0
+    radix_held: int = 0
     #: Output tokens the metrics have counted (vLLM counts them per step, as sampled).
     counted_output: int = 0
     scheduled_at: float | None = None
