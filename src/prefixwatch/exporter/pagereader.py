@@ -276,6 +276,11 @@ def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], fl
 
     for key, values in series.items():
         values.cache_info = cache_info.get(key[1], {})
+        if (schema.server == "sglang" and "queries" in values.counters
+                and "hits" not in values.counters
+                and (tier_reader is None or key not in tier_reader.sources)):
+            # SGLang makes a cached-tokens child at a model's first cached token: none yet.
+            values.counters["hits"] = 0.0
         if tier_reader is not None:
             tier_reader.fill(key, values)
     return Snapshot(schema, series)

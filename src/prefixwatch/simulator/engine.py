@@ -149,10 +149,7 @@ class Engine:
                 f"This model's maximum context length is {self.config.max_model_len} tokens. "
                 f"However, you requested {len(prompt) + max_tokens} tokens "
                 f"({len(prompt)} in the messages, {max_tokens} in the completion).")
-        needed = math.ceil((len(prompt) + max_tokens) / self.config.block_size)
-        if needed > self.pool.usable_blocks:
-            raise ValueError(f"the request needs {needed} KV blocks; the pool has "
-                             f"{self.pool.usable_blocks}")
+        self._check_fits(len(prompt) + max_tokens)
         req = SimRequest(request_id or f"cmpl-{next(self._ids)}", list(prompt), max_tokens,
                          extra_keys, arrival=self.clock())
         with self.lock:
@@ -160,6 +157,13 @@ class Engine:
                 raise OverflowError("too many waiting requests")
             self.waiting.append(req)
         return req
+
+    def _check_fits(self, tokens: int) -> None:
+        """ValueError when a request of ``tokens`` could never fit the KV pool."""
+        needed = math.ceil(tokens / self.config.block_size)
+        if needed > self.pool.usable_blocks:
+            raise ValueError(f"the request needs {needed} KV blocks; the pool has "
+                             f"{self.pool.usable_blocks}")
 
     # -- scheduling ----------------------------------------------------------------------------
 

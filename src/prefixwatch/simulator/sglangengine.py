@@ -76,18 +76,11 @@ class SGLangEngine(Engine):
             if self.offload is not None:
                 self.offload.events = kv_events.sink
 
-    @property
-    def usable_tokens(self) -> int:
-        return self.cache.capacity
-
-    def submit(self, prompt: list[int], max_tokens: int = 16, extra_keys: Hashable = None,
-               request_id: str | None = None) -> SimRequest:
-        needed = len(prompt) + max_tokens
-        if prompt and max_tokens >= 1 and needed <= self.config.max_model_len \
-                and needed > self.cache.capacity:
+    def _check_fits(self, tokens: int) -> None:
+        needed = -(-tokens // self.cache.page_size) * self.cache.page_size
+        if needed > self.cache.capacity:
             raise ValueError(f"the request needs {needed} KV slots; the pool has "
                              f"{self.cache.capacity}")
-        return super().submit(prompt, max_tokens, extra_keys, request_id)
 
     # -- scheduling ----------------------------------------------------------------------------
 
