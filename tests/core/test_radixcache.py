@@ -1,5 +1,5 @@
-"""SGLang's caching rule (core/radixcache.py): token and page matching, the len-1 cap, one copy
-per run, LRU eviction of unreferenced leaves, and the hashes SGLang publishes."""
+"""SGLang's caching rule (core/cache/radixcache.py): token and page matching, the len-1 cap,
+one copy per run, LRU eviction of unreferenced leaves, and the hashes SGLang publishes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from prefixwatch.core.radixcache import RadixCache, max_prefix_tokens, page_hash, signed64
+from prefixwatch.core.cache.radixcache import RadixCache, max_prefix_tokens, page_hash, signed64
 
 
 class Events:

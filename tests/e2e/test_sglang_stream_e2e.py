@@ -14,11 +14,11 @@ import time
 import pytest
 import requests
 
-from prefixwatch.core import names
+from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.server import Replica, ReplicaServer
 from tests.e2e.test_kv_stream_e2e import scrape, value, wait_for
 
@@ -80,10 +80,10 @@ def test_the_event_ledger_closes_to_the_token_on_an_sglang_stream(page_size: int
             shares = span.shares
             assert shares["unexplained"] == 0, shares
             assert shares["achieved"] == row["cached"]
-            assert shares[names.LEDGER_OUTPUT] == row["output"]
-            assert 0 <= shares[names.LEDGER_TAIL] <= page_size * row["requests"]
-            assert sum(shares[p] for p in names.KV_LEDGER_SHARES) == span.prompt
-            assert all(shares[p] >= 0 for p in names.KV_LEDGER_SHARES), shares
+            assert shares[exposition.LEDGER_OUTPUT] == row["output"]
+            assert 0 <= shares[exposition.LEDGER_TAIL] <= page_size * row["requests"]
+            assert sum(shares[p] for p in exposition.KV_LEDGER_SHARES) == span.prompt
+            assert all(shares[p] >= 0 for p in exposition.KV_LEDGER_SHARES), shares
             cache = sims[int(t[1])].replica.engine.cache
             assert value(got, "prefixwatch_kv_resident_blocks", target=t, medium="GPU") == (
                 cache.evictable + cache.protected) // page_size

@@ -11,11 +11,11 @@ import msgspec
 import pytest
 import requests
 
-from prefixwatch.core.kvevents import BatchDecoder
+from prefixwatch.core.kv.codec import BatchDecoder
 from prefixwatch.exporter.pagereader import read_page
 from prefixwatch.simulator.driver import tokenize_work
 from prefixwatch.simulator.engine import EngineConfig, VirtualClock
-from prefixwatch.simulator.kvevents import KVEvents
+from prefixwatch.simulator.kvpublisher import KVEvents
 from prefixwatch.simulator.scenarios import LAYOUTS, SCENARIOS, layout_prompt
 from prefixwatch.simulator.server import Replica, ReplicaServer
 from prefixwatch.simulator.sglangengine import SGLangEngine

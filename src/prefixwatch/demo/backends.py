@@ -14,9 +14,9 @@ from typing import Any
 import requests
 import yaml
 
-from prefixwatch.core import causes
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import causes
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.demo.pager import alertmanager_config
 from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin import rules, stack

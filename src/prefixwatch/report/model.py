@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixwatch.core import settings
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab import settings
+from prefixwatch.core.vocab.rulenames import (
     MODEL,
     MODEL_TARGET,
     REPLICA_WINDOW,

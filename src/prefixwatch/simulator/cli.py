@@ -10,10 +10,10 @@ import threading
 from typing import IO
 
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.simulator.driver import Driver, get_scenario
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
 from prefixwatch.simulator.scenarios import describe
@@ -112,7 +112,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                         "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
     p.add_argument("--kv-events-port", type=int, metavar="N",
                    help="publish the engine's KV cache event stream (ZMQ PUB, vLLM 0.33's "
-                        "wire format, or SGLang's with --engine sglang): replica i binds tcp://HOST:N+i, as `vllm serve "
+                        "wire format, or SGLang's with --engine sglang): replica i binds "
+                        "tcp://HOST:N+i, as `vllm serve "
                         "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": "
                         "\"zmq\", \"endpoint\": \"tcp://*:N\"}'` does (0 = free ports; "
                         "default: off)")

@@ -22,8 +22,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefixwatch.core.blockcache import BlockPool, Node, Residency
-from prefixwatch.simulator.kvevents import KVEvents
+from prefixwatch.core.cache.blockcache import BlockPool, Node, Residency
+from prefixwatch.simulator.kvpublisher import KVEvents
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 
 

@@ -1,7 +1,7 @@
 """One simulated SGLang replica: the engine's scheduler loop over SGLang's radix cache.
 
 The timing model is the vLLM engine's (``engine.py``); what differs is how the KV cache is
-kept, as SGLang keeps it (``core/radixcache.py``, SGLang's ``schedule_batch.py`` and its
+kept, as SGLang keeps it (``core/cache/radixcache.py``, SGLang's ``schedule_batch.py`` and its
 scheduler's output processing):
 
 * A request looks up its first ``len - 1`` prompt tokens, token by token (``--page-size`` 1)
@@ -28,8 +28,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 
-from prefixwatch.core.radixcache import RadixCache, max_prefix_tokens, namespace_seed, page_hash
-from prefixwatch.core.radixcache import signed64
+from prefixwatch.core.cache.radixcache import (
+    RadixCache,
+    max_prefix_tokens,
+    namespace_seed,
+    page_hash,
+    signed64,
+)
 from prefixwatch.simulator.engine import Engine, EngineConfig, SimRequest
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 

@@ -10,7 +10,7 @@ page's, None at the root; ``lora_id`` None; ``medium`` "GPU"), a ``BlockRemoved`
 every evicted node, ``AllBlocksCleared`` when the tree is reset (a new process starts with
 one). HiCache publishes its host pool's pages with ``medium`` "CPU_PINNED" when their
 write-through completes, and their removal when the host pool evicts them. Hashes are SHA-256
-page chains (``core/radixcache.py``): not seeded per process, the same on every replica.
+page chains (``core/cache/radixcache.py``): not seeded per process, the same on every replica.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from prefixwatch.core.kvevents import (
+from prefixwatch.core.kv.codec import (
     SGLangAllBlocksCleared,
     SGLangBlockRemoved,
     SGLangBlockStored,
