@@ -21,7 +21,8 @@ follows.
 
 Run: python benchmarks/bench_kv_events.py [--repeat 40] [--profile] [--stream sglang
 [--page-size N] [--requests N]]
-(--profile: 10 ingest passes under cProfile, the functions by their own time; no figures).
+(--profile: 10 ingest passes under cProfile, the functions by their own time; no figures;
+--memory: one ingest pass under tracemalloc, the memory the mirrors hold per resident block).
 """
 
 from __future__ import annotations
@@ -128,6 +129,28 @@ def ingest(messages: list[tuple[str, list[bytes]]], passes: int = 1) -> float:
     return time.perf_counter() - start
 
 
+def memory(messages: list[tuple[str, list[bytes]]]) -> None:
+    """One pass under tracemalloc: what the sources hold afterwards, per resident block."""
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    fleets = FleetRegistry()
+    sources: dict[str, KvSource] = {}
+    for key, f in messages:
+        source = sources.get(key)
+        if source is None:
+            source = sources[key] = KvSource(key, fleets)
+        source.ingest(f)
+    gc.collect()
+    held, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    resident = sum(sum(s.mirror.snapshot().resident.values()) for s in sources.values()
+                   if s.mirror is not None)
+    print(f"resident blocks: {resident:,}  held: {held / 1e6:.1f} MB  "
+          f"({held / max(resident, 1):,.0f} bytes a resident block)")
+
+
 def decoding(decode: Callable[[bytes], object]) -> Callable[[list[tuple[str, list[bytes]]]], float]:
     """A side that times ``decode`` of every payload and nothing else: msgspec's untyped
     decode is the baseline, the exporter's ``BatchDecoder`` its own share of a pass."""
@@ -146,6 +169,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="profile 10 ingest passes instead (the top 30 functions by own "
                              "time)")
+    parser.add_argument("--memory", action="store_true",
+                        help="measure the mirrors' memory per resident block instead")
     parser.add_argument("--stream", choices=["vllm", "sglang"], default="vllm",
                         help="vLLM 0.33's recordings (default) or a simulated SGLang stream")
     parser.add_argument("--page-size", type=int, default=1,
@@ -157,6 +182,9 @@ def main() -> None:
         parser.error("--repeat, --page-size and --requests must be at least 1")
     messages = (frames() if args.stream == "vllm"
                 else sglang_frames(args.requests, args.page_size))
+    if args.memory:
+        memory(messages)
+        return
     if args.profile:
         ingest(messages)  # imports and first calls out of the way
         profile = cProfile.Profile()
