@@ -189,3 +189,22 @@ def test_the_hicache_host_pool_serves_what_the_device_evicted() -> None:
     media = {e[6] for p in sink.payloads for e in msgspec.msgpack.decode(p)[1]
              if e[0] == "BlockStored"}
     assert media == {"GPU", "CPU_PINNED"}
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_every_slot_comes_back(caching: bool) -> None:
+    """What requests held goes back to the pool or stays in the tree, evictable, once they
+    finish (with the radix cache off, all of it back to the pool)."""
+    engine = SGLangEngine(EngineConfig(num_blocks=64, block_size=16, page_size=4,
+                                       enable_prefix_caching=caching), VirtualClock())
+    rng = random.Random(5)
+    for _ in range(40):
+        prompt = [rng.randrange(50) for _ in range(rng.randint(1, 300))]
+        engine.submit(prompt, rng.randint(1, 40))
+        if rng.random() < 0.5:
+            engine.run_until_idle()
+    engine.run_until_idle()
+    cache = engine.cache
+    assert cache.protected == 0 and engine.kv_usage == 0.0
+    assert cache.free + cache.evictable == cache.capacity
+    assert (cache.evictable > 0) == caching

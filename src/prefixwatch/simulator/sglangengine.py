@@ -163,6 +163,8 @@ class SGLangEngine(Engine):
     def _insert(self, req: SimRequest, tokens: Sequence[int]) -> None:
         """Put what the request computed into the tree; free its copy of what was there."""
         cache = self.cache
+        if not cache.enable_caching:
+            return  # --disable-radix-cache: the request keeps its slots until it finishes
         present, node = cache.insert(tokens, req.extra_keys)
         aligned = len(tokens) // cache.page_size * cache.page_size
         if aligned <= req.radix_inserted:
