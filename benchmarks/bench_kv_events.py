@@ -119,14 +119,20 @@ def ingest(messages: list[tuple[str, list[bytes]]], passes: int = 1) -> float:
     """Seconds to feed every message through fresh sources, ``passes`` times over."""
     start = time.perf_counter()
     for _ in range(passes):
-        fleets = FleetRegistry()
-        sources: dict[str, KvSource] = {}
-        for key, f in messages:
-            source = sources.get(key)
-            if source is None:
-                source = sources[key] = KvSource(key, fleets)
-            source.ingest(f)
+        feed(messages)
     return time.perf_counter() - start
+
+
+def feed(messages: list[tuple[str, list[bytes]]]) -> dict[str, KvSource]:
+    """Every message through fresh sources (one per recording and topic, or replica)."""
+    fleets = FleetRegistry()
+    sources: dict[str, KvSource] = {}
+    for key, f in messages:
+        source = sources.get(key)
+        if source is None:
+            source = sources[key] = KvSource(key, fleets)
+        source.ingest(f)
+    return sources
 
 
 def memory(messages: list[tuple[str, list[bytes]]]) -> None:
@@ -135,13 +141,7 @@ def memory(messages: list[tuple[str, list[bytes]]]) -> None:
 
     gc.collect()
     tracemalloc.start()
-    fleets = FleetRegistry()
-    sources: dict[str, KvSource] = {}
-    for key, f in messages:
-        source = sources.get(key)
-        if source is None:
-            source = sources[key] = KvSource(key, fleets)
-        source.ingest(f)
+    sources = feed(messages)
     gc.collect()
     held, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

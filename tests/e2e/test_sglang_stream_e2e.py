@@ -1,5 +1,5 @@
 """SGLang's KV event stream reaches the exporter: two simulated SGLang replicas publish SGLang's
-positional events (a page a token, SHA-256 page hashes) on free ports, the exporter subscribes
+positional events (a page an event, SHA-256 page hashes) on free ports, the exporter subscribes
 to each, and its event ledger closes to the token beside SGLang's counters, as it does on
 vLLM's recordings: prompts that share a system prompt, repeated prompts (SGLang stores their
 answers once), answers of different lengths.
@@ -15,12 +15,8 @@ import pytest
 import requests
 
 from prefixwatch.core.vocab import exposition
-from prefixwatch.exporter.config import ExporterConfig, TargetConfig
-from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvpublisher import KVEventsOptions
-from prefixwatch.simulator.server import Replica, ReplicaServer
-from tests.e2e.test_kv_stream_e2e import scrape, value, wait_for
+from tests.e2e.test_kv_stream_e2e import replicas_and_exporter, scrape, value, wait_for
 
 SYSTEM = [5_000 + j for j in range(40)]
 
@@ -30,24 +26,7 @@ SYSTEM = [5_000 + j for j in range(40)]
 def test_the_event_ledger_closes_to_the_token_on_an_sglang_stream(page_size: int) -> None:
     cfg = EngineConfig(prefill_tokens_per_s=2e5, time_per_output_token=0.002,
                        page_size=page_size)
-    sims = [ReplicaServer(Replica(cfg, index=i, server="sglang",
-                                  kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
-                          "127.0.0.1", 0) for i in range(2)]
-    for s in sims:
-        s.start()
-    targets = tuple(TargetConfig(f"http://127.0.0.1:{s.port}/metrics", name=f"r{i}",
-                                 kv_events=s.replica.kv_publisher.endpoint)
-                    for i, s in enumerate(sims))
-    exporter = Exporter(ExporterConfig(targets=targets, interval=0.3,
-                                       listen_address="127.0.0.1:0"))
-    exporter.start()
-    try:
-        wait_for(lambda: all(value(scrape(exporter.port), "prefixwatch_kv_events_up",
-                                   target=t.name) == 1.0 for t in targets),
-                 what="both streams up")
-        wait_for(lambda: all(exporter.kv_ledgers.span(t.name, None) is not None
-                             for t in targets), what="both ledgers' baselines")
-        time.sleep(1.0)  # the subscriptions reach the publishers
+    with replicas_and_exporter(cfg, "sglang") as (sims, targets, exporter):
         truth = {t.name: {"prompt": 0, "cached": 0, "output": 0, "requests": 0}
                  for t in targets}
         for k in range(10):
@@ -92,7 +71,3 @@ def test_the_event_ledger_closes_to_the_token_on_an_sglang_stream(page_size: int
         # every replica; the mirror names content, not hashes): routing.
         assert value(got, "prefixwatch_kv_computed_tokens_total", target="r1",
                      model_name=cfg.model, part="routing") > 0
-    finally:
-        exporter.stop()
-        for s in sims:
-            s.stop()

@@ -289,13 +289,17 @@ class Engine:
 
     def _finish(self, req: SimRequest, at: float, reason: str) -> None:
         self.running.remove(req)
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self._free(req)
         req.finished_at = at
         req.finish_reason = reason
         self.stats.generation_tokens += len(req.output)
         self.stats.emit("finished", req)
         req.done.set()
+
+    def _free(self, req: SimRequest) -> None:
+        """A finished request's KV: its blocks go back to the pool (cached ones stay cached)."""
+        self.pool.release(req.blocks)
+        req.blocks = []
 
     # -- operations ----------------------------------------------------------------------------
 

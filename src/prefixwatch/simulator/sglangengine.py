@@ -176,18 +176,13 @@ class SGLangEngine(Engine):
         cache.unlock(req.radix_node)
         req.radix_node = node
 
-    def _finish(self, req: SimRequest, at: float, reason: str) -> None:
-        self.running.remove(req)
-        tokens = req.prompt + req.output[:-1]  # the last sampled token has no KV
-        self._insert(req, tokens)
+    def _free(self, req: SimRequest) -> None:
+        """``cache_finished_req``: the prompt and the answer but its last sampled token (which
+        has no KV) into the tree, the reference dropped, the rest of the slots freed."""
+        self._insert(req, req.prompt + req.output[:-1])
         self.cache.unlock(req.radix_node)
         self.cache.release(req.radix_held)
         req.radix_node, req.radix_held = None, 0
-        req.finished_at = at
-        req.finish_reason = reason
-        self.stats.generation_tokens += len(req.output)
-        self.stats.emit("finished", req)
-        req.done.set()
 
     # -- operations ----------------------------------------------------------------------------
 

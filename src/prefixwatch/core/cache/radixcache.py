@@ -176,27 +176,34 @@ class RadixCache:
               ) -> tuple[int, RadixNode]:
         """The longest cached run of ``tokens`` (cut to whole pages) and the node it ends at,
         splitting a node a match ends inside; refreshes every node on the path."""
+        matched, node, _rest = self._walk(tokens, extra_keys)
+        return matched, node
+
+    def _walk(self, tokens: Sequence[int], extra_keys: Hashable
+              ) -> tuple[int, RadixNode, tuple[int, ...]]:
+        """Follow ``tokens`` (whole pages) down the tree: the tokens found, the node they end
+        at (a node the run ends inside is split there) and the tokens left over. Every node on
+        the path has its access time refreshed (SGLang's ``_match_prefix_helper``)."""
         node = self.root(extra_keys)
-        if not self.enable_caching:
-            return 0, node
         key = tuple(tokens[:len(tokens) // self.page_size * self.page_size])
+        if not self.enable_caching:
+            return 0, node, key
         self._tick += 1
         node.access = self._tick
-        matched = 0
+        found = 0
         while key:
             child = node.children.get(self._child_key(key))
             if child is None:
                 break
             child.access = self._tick
             n = self._match_len(child.key, key)
+            found += n
+            key = key[n:]
             if n < len(child.key):
                 node = self._split(child, n)
-                matched += n
-                break
-            matched += n
+                break  # the rest of the run differs from what follows the split
             node = child
-            key = key[n:]
-        return matched, node
+        return found, node, key
 
     def _split(self, child: RadixNode, at: int) -> RadixNode:
         """Cut ``child`` after ``at`` tokens: a new node holds the first part."""
@@ -219,23 +226,8 @@ class RadixCache:
         """Put ``tokens`` (cut to whole pages) into the tree: returns how many were there
         already and the node the run ends at. The new tokens are the tree's (evictable until
         locked); the caller frees its copy of the ones already there."""
-        node = self.root(extra_keys)
-        if not self.enable_caching:
-            return 0, node
-        key = tuple(tokens[:len(tokens) // self.page_size * self.page_size])
-        self._tick += 1
-        node.access = self._tick
-        present = 0
-        while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
-                break
-            child.access = self._tick
-            n = self._match_len(child.key, key)
-            present += n
-            key = key[n:]
-            node = self._split(child, n) if n < len(child.key) else child
-        if key:
+        present, node, key = self._walk(tokens, extra_keys)
+        if key and self.enable_caching:
             leaf = RadixNode(node, key, next(self._ids))
             leaf.access = self._tick
             node.children[self._child_key(key)] = leaf
