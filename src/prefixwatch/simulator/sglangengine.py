@@ -36,6 +36,7 @@ from prefixwatch.core.cache.radixcache import (
     signed64,
 )
 from prefixwatch.simulator.engine import Engine, EngineConfig, SimRequest
+from prefixwatch.simulator.kvpublisher import KVEvents
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 
 
@@ -74,7 +75,8 @@ class SGLangEngine(Engine):
                                         ps) if config.offload_blocks else None)
         self._batch = [0, 0]  # this step's prefill batch: cached tokens, prompt tokens
 
-    def attach_kv_events(self, kv_events) -> None:  # type: ignore[no-untyped-def]
+    def attach_kv_events(self, kv_events: KVEvents) -> None:
+        """Publish the tree's (and the host pool's) stores and evictions, once per step."""
         with self.lock:
             self.kv_events = kv_events
             self.cache.events = kv_events.sink
