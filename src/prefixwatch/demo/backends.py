@@ -67,7 +67,9 @@ class Backends:
 
     def __init__(self, workdir: Path, exporter_port: int, prom_port: int, am_port: int,
                  time_scale: float) -> None:
-        self.workdir = workdir
+        # Absolute: Prometheus reads the rule_files of its config relative to that file's own
+        # directory, so a relative --data-dir would load no rules (no page, no report).
+        self.workdir = workdir.resolve()
         self.procs: list[tuple[str, subprocess.Popen, Any]] = []
         self.prom_port, self.am_port = prom_port, am_port
         self.scale = time_scale
