@@ -208,3 +208,17 @@ def test_every_slot_comes_back(caching: bool) -> None:
     assert cache.protected == 0 and engine.kv_usage == 0.0
     assert cache.free + cache.evictable == cache.capacity
     assert (cache.evictable > 0) == caching
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--page-size", "4"], "--page-size is SGLang's"),
+    (["--engine", "sglang", "--page-size", "0"], "--page-size must be >= 1"),
+])
+def test_bad_page_sizes_are_one_line_errors(argv: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "simulate", "--port", "0",
+                        "--rate", "0", "--duration", "1s", *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

@@ -197,6 +197,9 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     page_size = getattr(args, "page_size", 1)
     if page_size < 1 or page_size > num_blocks * args.block_size:
         raise ConfigError("--page-size must be >= 1 and fit the KV pool")
+    if page_size != 1 and args.engine != "sglang":
+        raise ConfigError("--page-size is SGLang's: give it with --engine sglang (vLLM's "
+                          "unit is --block-size)")
     offload_blocks = (args.offload_blocks if args.offload_blocks is not None
                       else scenario.offload_blocks or 0)
     if offload_blocks < 0:
