@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from prefixwatch.core.kv.poolcurve import PoolCurve
 
 if TYPE_CHECKING:
-    from prefixwatch.exporter.service import Exporter
+    from prefixwatch.exporter.landing import LandingInputs
 
 WIDTH, HEIGHT = 420, 210
 _LEFT, _RIGHT, _TOP, _BOTTOM = 44, 16, 22, 40
@@ -66,13 +66,13 @@ def pool_curve_svg(curve: PoolCurve, title: str) -> str:
     return "".join(parts) + "</svg>"
 
 
-def pool_section(exporter: Exporter, window: str | None) -> str:
+def pool_section(page: LandingInputs, window: str | None) -> str:
     """"How much memory would win it back": each model's curve over ``window`` (the event
     ledgers' samples) and its sentence; empty without a what-if."""
-    ledgers = exporter.kv_ledgers
+    ledgers = page.event_ledgers
     if ledgers is None:
         return ""
-    seconds = exporter.config.window_seconds.get(window or "", exporter.diag_seconds)
+    seconds = page.config.window_seconds.get(window or "", page.diag_seconds)
     out = []
     for model in sorted(ledgers.models()):
         got = ledgers.whatif.model_curve(model, seconds)

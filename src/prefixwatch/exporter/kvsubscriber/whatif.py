@@ -19,37 +19,25 @@ from prefixwatch.core.kv.poolcurve import PoolCurve, curve_of, verdict
 from prefixwatch.core.kv.whatif import POOL_SCALES
 from prefixwatch.core.vocab import exposition, schemas
 from prefixwatch.exporter.kvsubscriber.source import KvSource
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.monitor import TargetView
 
 if TYPE_CHECKING:
     from prefixwatch.exporter.kvsubscriber.ledgerseries import EventLedgers
 
 
-def page_pool_blocks(mon: TargetMonitor) -> int | None:
+def page_pool_blocks(view: TargetView) -> int | None:
     """A target's KV pool in blocks from its last page (``num_gpu_blocks`` of
     ``vllm:cache_config_info``, one value over its engines), else None."""
-    with mon.lock:
-        snap = mon.snapshot
-        got = ({v.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS) for v in snap.series.values()}
-               if snap else set())
+    got = {s.values.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS)
+           for s in view.series.values()}
     if len(got) == 1 and (value := got.pop()) and value.isdigit() and int(value) > 1:
         return int(value)
     return None
 
 
-def pool_blocks(mon: TargetMonitor) -> int | None:
+def pool_blocks(view: TargetView) -> int | None:
     """A target's device pool in blocks: its page's, else the config's ``kv_pool_blocks``."""
-    return page_pool_blocks(mon) or mon.target.kv_pool_blocks
-
-
-def set_pool(source: KvSource, mon: TargetMonitor) -> None:
-    """Give the target's mirror its pool size."""
-    mirror = source.mirror
-    if mirror is None:
-        return
-    blocks = pool_blocks(mon)
-    with mirror.fleet.lock:
-        mirror.whatif.set_pool(blocks)
+    return page_pool_blocks(view) or view.target.kv_pool_blocks
 
 
 def gained_of(source: KvSource) -> dict[str, int]:
@@ -68,6 +56,18 @@ class WhatIfSeries:
     def __init__(self, ledgers: EventLedgers) -> None:
         self.ledgers = ledgers
         self._written: dict[str, tuple[Any, dict[str, float]]] = {}
+        #: Each target's pool size as its last poll gave it (None: not known).
+        self.pools: dict[str, int | None] = {}
+
+    def observe(self, source: KvSource, view: TargetView) -> None:
+        """After a poll: the target's pool size, kept for its gauge and given to its
+        mirror."""
+        blocks = pool_blocks(view)
+        self.pools[view.name] = blocks
+        mirror = source.mirror
+        if mirror is not None:
+            with mirror.fleet.lock:
+                mirror.whatif.set_pool(blocks)
 
     def counters(self, target: str) -> tuple[str, dict[str, float]] | None:
         """(model, cached tokens by pool scale) of one target, or None before its pool size
@@ -124,8 +124,7 @@ class WhatIfSeries:
 
     def rows(self) -> Iterator[tuple[exposition.OutMetric, list[str], float]]:
         for target in sorted(self.ledgers.sources):
-            mon = self.ledgers.monitors.get(target)
-            pool = pool_blocks(mon) if mon is not None else None
+            pool = self.pools.get(target)
             if pool is not None:
                 yield exposition.OUT_KV_POOL_BLOCKS, [target], float(pool)
             got = self.counters(target)
