@@ -130,7 +130,7 @@ def test_pool_pressure_is_eviction(tmp_path) -> None:
 
 @pytest.mark.integration
 def test_a_working_set_larger_than_the_pool_is_eviction(tmp_path) -> None:
-    run = run_scenario("working-set", tmp_path)
+    run = run_scenario("working-set", tmp_path, seconds=12.0)
     assert settled(run) == {"eviction_pressure"}
 
 
