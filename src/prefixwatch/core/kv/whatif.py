@@ -173,7 +173,9 @@ class WhatIf:
             assert extra is not None
             served = 0
             for evicted_at in evicted:
-                if self.depth(k, evicted_at, at) >= extra:
+                # The depth is never more than the removals since: only a ghost that many
+                # removals would have pushed out needs the served ones counted.
+                if at - evicted_at >= extra and self.depth(k, evicted_at, at) >= extra:
                     break
                 served += 1
             if served:
