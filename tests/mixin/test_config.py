@@ -103,18 +103,18 @@ def test_render_all_reads_no_source_tree(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_the_exporter_reads_the_same_threshold_keys(tmp_path: Path) -> None:
-    from prefixwatch.exporter.config import build_config
+    from prefixwatch.exporter.config import ConfigFlags, build_config
 
     path = tmp_path / "exporter.yml"
     path.write_text("hit_ratio_threshold: 0.5\ncold_start: 3m\ndiagnosis: {min_requests: 5}\n")
-    cfg = build_config(config_file=str(path), environ={})
+    cfg = build_config(ConfigFlags(config_file=str(path)), environ={})
     assert cfg.thresholds.hit_ratio == 0.5 and cfg.cold_start == "3m"
     assert cfg.thresholds.min_requests == 5
     mixin = load_config(data={"hit_ratio_threshold": 0.5, "cold_start": "3m",
                               "diagnosis": {"min_requests": 5}})
     assert mixin.diagnosis.thresholds == cfg.thresholds
     path.write_text("hit_ratio_threshold: 0.5\ndiagnosis: {hit_ratio: 0.6}\n")
-    assert build_config(config_file=str(path), environ={}).thresholds.hit_ratio == 0.6
+    assert build_config(ConfigFlags(config_file=str(path)), environ={}).thresholds.hit_ratio == 0.6
     path.write_text("hit_ratio_threshold: 1.5\n")
     with pytest.raises(ConfigError, match="hit_ratio_threshold must be between 0 and 1"):
-        build_config(config_file=str(path), environ={})
+        build_config(ConfigFlags(config_file=str(path)), environ={})

@@ -11,9 +11,10 @@ import threading
 import time
 import urllib.request
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
+from prefixwatch.core.httpreply import ReplyHandler
 from prefixwatch.core.vocab import rulenames
 from prefixwatch.mixin import alertmanager
 from prefixwatch.mixin.alerts import NOT_YET
@@ -68,16 +69,12 @@ class NotificationPrinter:
         self._lock = threading.Lock()
         printer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ReplyHandler):
             def log_message(self, *args: object) -> None:
                 pass
 
             def _answer(self, status: int, body: bytes = b"") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self._send(status, body, "text/plain; charset=utf-8")
 
             def do_GET(self) -> None:  # noqa: N802
                 text = "\n".join(printer.recent) or "no page or resolution yet"

@@ -40,7 +40,7 @@ from prefixwatch.demo.backends import (
 )
 from prefixwatch.demo.pager import NotificationPrinter
 from prefixwatch.demo.shutdown import Shutdown, Skipped, skippable
-from prefixwatch.exporter.config import build_config, split_host_port
+from prefixwatch.exporter.config import ConfigFlags, build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, dashboards
 from prefixwatch.mixin import config as mixin_config
@@ -181,12 +181,12 @@ def run_demo(args: argparse.Namespace) -> int:
             parts.add("the simulator", sim.stop, after="the exporter")
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
-        config = build_config(
+        config = build_config(ConfigFlags(
             targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
             interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
             windows=[scaled(w, scale) for w in exposition.DEFAULT_WINDOWS] if scale != 1 else None,
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
-            cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log)
+            cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log))
         exporter = Exporter(config)
         if sim is not None:
             sim.start()
