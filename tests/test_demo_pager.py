@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 
+import pytest
 import requests
 
 from prefixwatch.demo.pager import NotificationPrinter
 from prefixwatch.mixin.alerts import NO_DIAGNOSIS
+from tests.conftest import PageServer
 
 NAMED = "prefix_divergence (https://example.invalid/runbooks.md#prefix_divergence)"
 
@@ -26,33 +27,19 @@ def alert(diagnosis: str) -> dict:
                             "runbook_url": "https://example.invalid/runbooks.md#x"}}
 
 
-class FakeAlertmanager:
-    """/api/v2/alerts: the alert as Prometheus last sent it (``diagnosis`` may change)."""
+def says(alertmanager: PageServer, diagnosis: str) -> None:
+    """Alertmanager's /api/v2/alerts holds the alert with this diagnosis."""
+    alertmanager.serve(json.dumps([alert(diagnosis)]), content_type="application/json")
 
-    def __init__(self) -> None:
-        self.diagnosis = NO_DIAGNOSIS
-        self.asked = 0
-        outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802
-                outer.asked += 1
-                body = json.dumps([alert(outer.diagnosis)]).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+@pytest.fixture
+def printed(page_server: PageServer) -> Iterator[tuple[NotificationPrinter, io.StringIO]]:
+    """The printer, following pages on ``page_server`` as Alertmanager, and what it printed."""
+    out = io.StringIO()
+    printer = NotificationPrinter(out, alertmanager_url=page_server.url.removesuffix("/metrics"))
+    printer.FOLLOW_EVERY = 0.05
+    yield printer, out
+    printer.stop()
 
 
 def wait_until(predicate, timeout: float = 10.0) -> None:
@@ -62,34 +49,24 @@ def wait_until(predicate, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def test_a_page_before_the_diagnosis_gets_the_cause_once_it_is_named() -> None:
-    am, out = FakeAlertmanager(), io.StringIO()
-    printer = NotificationPrinter(out, alertmanager_url=am.url)
-    printer.FOLLOW_EVERY = 0.05
-    try:
-        requests.post(printer.url, json={"alerts": [alert(NO_DIAGNOSIS)]}, timeout=5)
-        wait_until(lambda: am.asked >= 2)
-        assert "diagnosis: none so far" in out.getvalue()
-        am.diagnosis = NAMED
-        wait_until(lambda: f"diagnosis: {NAMED} (named" in out.getvalue())
-        asked = am.asked
-        time.sleep(0.3)
-        assert am.asked == asked, "the follower stops once the cause is named"
-        assert out.getvalue().count("PAGE:") == 1 and printer.pages == 1
-    finally:
-        printer.stop()
-        am.stop()
+def test_a_page_before_the_diagnosis_gets_the_cause_once_it_is_named(page_server, printed
+                                                                     ) -> None:
+    printer, out = printed
+    says(page_server, NO_DIAGNOSIS)
+    requests.post(printer.url, json={"alerts": [alert(NO_DIAGNOSIS)]}, timeout=5)
+    wait_until(lambda: page_server.hits >= 2)
+    assert "diagnosis: none so far" in out.getvalue()
+    says(page_server, NAMED)
+    wait_until(lambda: f"diagnosis: {NAMED} (named" in out.getvalue())
+    asked = page_server.hits
+    time.sleep(0.3)
+    assert page_server.hits == asked, "the follower stops once the cause is named"
+    assert out.getvalue().count("PAGE:") == 1 and printer.pages == 1
 
 
-def test_a_page_that_names_its_cause_is_not_followed() -> None:
-    am, out = FakeAlertmanager(), io.StringIO()
-    printer = NotificationPrinter(out, alertmanager_url=am.url)
-    printer.FOLLOW_EVERY = 0.05
-    try:
-        requests.post(printer.url, json={"alerts": [alert(NAMED)]}, timeout=5)
-        wait_until(lambda: "PAGE:" in out.getvalue())
-        time.sleep(0.3)
-        assert am.asked == 0 and f"diagnosis: {NAMED}" in out.getvalue()
-    finally:
-        printer.stop()
-        am.stop()
+def test_a_page_that_names_its_cause_is_not_followed(page_server, printed) -> None:
+    printer, out = printed
+    requests.post(printer.url, json={"alerts": [alert(NAMED)]}, timeout=5)
+    wait_until(lambda: "PAGE:" in out.getvalue())
+    time.sleep(0.3)
+    assert page_server.hits == 0 and f"diagnosis: {NAMED}" in out.getvalue()
