@@ -224,8 +224,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "rules.yml").write_text(yaml.safe_dump(rule_file(args.source, cfg), width=1000))
-        (work / "test.yml").write_text(yaml.safe_dump(test_file(args.source, cfg, cases),
-                                                      width=1000))
+        test = test_file(args.source, cfg, cases)
+        (work / "test.yml").write_text(yaml.safe_dump(test, width=1000))
+        print(f"promtool: {len(cases)} scenarios, "
+              f"{len(test['tests'][0]['alert_rule_test'])} checks (about a minute)...",
+              file=sys.stderr, flush=True)
         run = subprocess.run([promtool, "test", "rules", str(work / "test.yml")],
                              capture_output=True, text=True, check=False)
     out = run.stdout + run.stderr

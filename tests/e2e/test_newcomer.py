@@ -102,21 +102,6 @@ class Demo:
         return code
 
 
-def assert_the_cause_is_named(summary: list[str], cause: str, within: float) -> None:
-    """The exporter's diagnosis, as the demo's Prometheus has it, names ``cause``."""
-    prometheus = next(re.search(r"http://127\.0\.0\.1:\d+", line).group(0)
-                      for line in summary if "Prometheus:" in line)
-    query = f'max(prefixwatch_diagnosis{{cause="{cause}"}}) == 1'
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        found = requests.get(f"{prometheus}/api/v1/query", params={"query": query},
-                             timeout=5).json()["data"]["result"]
-        if found:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no {cause} diagnosis within {within:g}s of the page")
-
-
 def assert_urls_answer(lines: list[str]) -> list[str]:
     urls = [u for line in lines for u in URL.findall(line)]
     assert len(urls) >= 7, lines  # 2 replicas, exporter, alerts, graph, Alertmanager, pages
@@ -179,12 +164,14 @@ def test_newcomer_walk(tmp_path: Path) -> None:
         switched = first.printed[switch] + int(SWITCH_LINE.search(switch).group(1))
         assert first.printed[page] - switched <= PAGE_AFTER_SWITCH, (
             f"paged {first.printed[page] - switched:.1f}s after the regression")
-        # The page may come before the exporter's diagnosis window shows the cause (it says
-        # so); the cause is named within seconds either way.
+        # The page may come before the exporter's diagnosis window shows the cause: it says
+        # so, and the demo prints the cause once Alertmanager's copy of the page names it.
         said = first.wait_for("diagnosis:", 5).strip()
-        assert said.startswith(("diagnosis: prefix_divergence", "diagnosis: none so far")), said
-        assert_the_cause_is_named(summary, "prefix_divergence", 20)
         assert "runbooks.md#prefixcachehitratelow" in first.wait_for("runbook:", 5)
+        if not said.startswith("diagnosis: prefix_divergence"):
+            assert said.startswith("diagnosis: none so far"), said
+            named = first.wait_for("diagnosis: prefix_divergence", 20)
+            assert "after the page)" in named, named
         page_after = time.monotonic() - first.started
         assert_the_suggested_status_shows_the_ledger(summary)
     finally:

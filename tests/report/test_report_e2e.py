@@ -23,8 +23,11 @@ from tests.report.loopback import LoopbackStack
 
 EVALUATION = 1.0  # seconds, scrape and rule evaluation
 TIME_SCALE = 0.05  # the stack's (LoopbackStack's default)
-#: The window of the ratio that pages and that the report's phases leave out (2m, scaled).
+#: The window of the ratio that pages and that the report's phases leave out (1m, scaled).
 WINDOW = parse_duration(settings.CRITICAL_SHORT_WINDOW) * TIME_SCALE
+#: The phases' unit: the window, but at least six evaluations, so that a phase's ratio rests
+#: on enough samples to match the simulator's truth on a loaded machine.
+SPAN = max(WINDOW, 6 * EVALUATION)
 
 # The tests share one run of the stack (the module fixture): one worker runs them all.
 pytestmark = [pytest.mark.xdist_group("report-e2e"), pytest.mark.slow]
@@ -39,13 +42,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoopbackStack, Writte
     stack.start()
     try:
         # A before phase: the page's ratio recorded, and healthy, for three of its windows.
-        stack.wait_for(lambda: healthy_for(stack, 3 * WINDOW), 60, "a healthy before phase")
+        stack.wait_for(lambda: healthy_for(stack, 3 * SPAN), 60, "a healthy before phase")
         stack.switch("timestamp-at-top")
         stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 60, "the page")
-        time.sleep(1.5 * WINDOW)  # more incident traffic: a during phase of several windows
+        time.sleep(1.5 * SPAN)  # more incident traffic: a during phase of several windows
         stack.switch("static-system-prompt")
         stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 30, "the recovery")
-        time.sleep(2 * WINDOW)  # more healthy traffic: an after phase of two windows
+        time.sleep(2 * SPAN)  # more healthy traffic: an after phase of two windows
         written = write_report(stack.prom_url, work / "out", Request(
             started, time.time(), 0.7, time_scale=stack.time_scale))
     except BaseException:

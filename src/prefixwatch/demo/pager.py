@@ -9,6 +9,7 @@ import logging
 import sys
 import threading
 import time
+import urllib.request
 from collections import deque
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from prefixwatch.core.httpreply import ReplyHandler
 from prefixwatch.core.vocab import rulenames
 from prefixwatch.mixin import alertmanager
+from prefixwatch.mixin.alerts import NOT_YET
 
 log = logging.getLogger("prefixwatch.demo")
 
@@ -47,13 +49,20 @@ def format_notification(alert: dict[str, Any]) -> list[str]:
 
 class NotificationPrinter:
     """Alertmanager's webhook receiver inside the demo: prints each page and resolution once
-    (Alertmanager repeats them) and lists the recent ones on GET /."""
+    (Alertmanager repeats them) and lists the recent ones on GET /. A page sent before the
+    exporter's diagnosis named a cause (it says "none so far") is followed on Alertmanager's
+    API, which Prometheus keeps up to date, and the cause printed once it is named."""
 
     MAX_BODY = 1 << 20
     KEEP = 50
+    #: How long a page's diagnosis is followed, and how often Alertmanager is asked.
+    FOLLOW_SECONDS = 60.0
+    FOLLOW_EVERY = 0.5
 
-    def __init__(self, out=None) -> None:
+    def __init__(self, out=None, alertmanager_url: str | None = None) -> None:
         self.out = out or sys.stdout
+        self.alertmanager_url = alertmanager_url
+        self._stopped = threading.Event()
         self.recent: deque[str] = deque(maxlen=self.KEEP)
         self.pages = 0
         self._seen: set[tuple[str, str, str]] = set()
@@ -111,14 +120,45 @@ class NotificationPrinter:
                     self._seen.clear()
                 self._seen.add(key)
                 lines = format_notification(alert)
-                if alert.get("status") != "resolved" and labels.get("severity") == "critical":
+                page = alert.get("status") != "resolved" and labels.get("severity") == "critical"
+                if page:
                     self.pages += 1
-                self.recent.extend(lines)
-                # A closed terminal (the demo is stopping) must not break the receiver.
-                with contextlib.suppress(BrokenPipeError, ValueError):
-                    print("\n".join(lines), file=self.out, flush=True)
+                self._print(lines)
+            description = (alert.get("annotations") or {}).get("description", "")
+            if page and self.alertmanager_url and _diagnosis(description).startswith(
+                    NOT_YET):
+                threading.Thread(target=self._follow, name="diagnosis-follower", daemon=True,
+                                 args=(str(alert.get("fingerprint")), time.monotonic())).start()
+
+    def _print(self, lines: list[str]) -> None:
+        self.recent.extend(lines)
+        # A closed terminal (the demo is stopping) must not break the receiver.
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            print("\n".join(lines), file=self.out, flush=True)
+
+    def _follow(self, fingerprint: str, paged: float) -> None:
+        """Print the page's diagnosis once Alertmanager's copy of the alert names a cause."""
+        url = f"{self.alertmanager_url.rstrip('/')}/api/v2/alerts"  # type: ignore[union-attr]
+        while not self._stopped.wait(self.FOLLOW_EVERY):
+            if time.monotonic() - paged > self.FOLLOW_SECONDS:
+                return
+            try:
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    alerts = json.loads(answer.read(self.MAX_BODY))
+            except (OSError, ValueError):
+                continue
+            for alert in alerts if isinstance(alerts, list) else []:
+                if not isinstance(alert, dict) or alert.get("fingerprint") != fingerprint:
+                    continue
+                said = _diagnosis((alert.get("annotations") or {}).get("description", ""))
+                if not said.startswith(NOT_YET) and said != "-":
+                    with self._lock:
+                        self._print([f"    diagnosis: {said} (named "
+                                     f"{time.monotonic() - paged:.0f}s after the page)"])
+                    return
 
     def stop(self) -> None:
+        self._stopped.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 

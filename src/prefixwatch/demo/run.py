@@ -206,7 +206,8 @@ def run_demo(args: argparse.Namespace) -> int:
         parts.add("the exporter", exporter.stop)
         backends = printer = None
         if with_backends:
-            printer = NotificationPrinter()
+            printer = NotificationPrinter(
+                alertmanager_url=f"http://127.0.0.1:{args.alertmanager_port}")
             parts.add("the page printer", printer.stop)
             backends = Backends(state, exporter.port, args.prometheus_port,
                                 args.alertmanager_port, scale)

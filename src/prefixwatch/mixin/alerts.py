@@ -36,7 +36,9 @@ from prefixwatch.mixin.config import prom_duration
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, promql_regex_literal, promql_string
 
-NO_DIAGNOSIS = ("none so far (no prefixwatch_diagnosis is 1 for this model: the exporter's "
+#: How a description's diagnosis begins while no cause is named (a fast page can come first).
+NOT_YET = "none so far"
+NO_DIAGNOSIS = (f"{NOT_YET} (no prefixwatch_diagnosis is 1 for this model: the exporter's "
                 "window does not show a cause yet, the cause is outside the runbook, or the "
                 "exporter is not scraped).")
 

@@ -264,7 +264,7 @@ class Cases(TierCases):
         within 3 minutes."""
         thr = self.cfg.hit_ratio_threshold
         level = round(thr * self.cfg.critical_collapse_share, 6)
-        to = round(max(thr - 0.2, (thr + level) / 2), 6)
+        to = round(thr - 0.2 if thr - 0.2 > level + 0.05 else (thr + level) / 2, 6)
         fall = [Phase(60, self.busy, self.high), Phase(20, self.busy, to)]
         times, quiet = self.paged_case(fall, 60)
         self.case(self.traffic(fall), [*quiet, self.at(ALERT_LOW, times.latest, [

@@ -1,0 +1,72 @@
+"""The demo's page printer: a page sent before the exporter named a cause is followed on
+Alertmanager's API and the cause printed once Alertmanager's copy of the alert names it; a
+page that names its cause is printed once and not followed."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from prefixwatch.demo.pager import NotificationPrinter
+from prefixwatch.mixin.alerts import NO_DIAGNOSIS
+from tests.conftest import PageServer
+
+NAMED = "prefix_divergence (https://example.invalid/runbooks.md#prefix_divergence)"
+
+
+def alert(diagnosis: str) -> dict:
+    return {"status": "firing", "fingerprint": "f1", "startsAt": "2026-01-01T00:00:00Z",
+            "labels": {"alertname": "PrefixCacheHitRateLow", "severity": "critical",
+                       "model_name": "m"},
+            "annotations": {"summary": "collapsed", "description": f"Text. Diagnosis: {diagnosis}",
+                            "runbook_url": "https://example.invalid/runbooks.md#x"}}
+
+
+def says(alertmanager: PageServer, diagnosis: str) -> None:
+    """Alertmanager's /api/v2/alerts holds the alert with this diagnosis."""
+    alertmanager.serve(json.dumps([alert(diagnosis)]), content_type="application/json")
+
+
+@pytest.fixture
+def printed(page_server: PageServer) -> Iterator[tuple[NotificationPrinter, io.StringIO]]:
+    """The printer, following pages on ``page_server`` as Alertmanager, and what it printed."""
+    out = io.StringIO()
+    printer = NotificationPrinter(out, alertmanager_url=page_server.url.removesuffix("/metrics"))
+    printer.FOLLOW_EVERY = 0.05
+    yield printer, out
+    printer.stop()
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_page_before_the_diagnosis_gets_the_cause_once_it_is_named(page_server, printed
+                                                                     ) -> None:
+    printer, out = printed
+    says(page_server, NO_DIAGNOSIS)
+    requests.post(printer.url, json={"alerts": [alert(NO_DIAGNOSIS)]}, timeout=5)
+    wait_until(lambda: page_server.hits >= 2)
+    assert "diagnosis: none so far" in out.getvalue()
+    says(page_server, NAMED)
+    wait_until(lambda: f"diagnosis: {NAMED} (named" in out.getvalue())
+    asked = page_server.hits
+    time.sleep(0.3)
+    assert page_server.hits == asked, "the follower stops once the cause is named"
+    assert out.getvalue().count("PAGE:") == 1 and printer.pages == 1
+
+
+def test_a_page_that_names_its_cause_is_not_followed(page_server, printed) -> None:
+    printer, out = printed
+    requests.post(printer.url, json={"alerts": [alert(NAMED)]}, timeout=5)
+    wait_until(lambda: "PAGE:" in out.getvalue())
+    time.sleep(0.3)
+    assert page_server.hits == 0 and f"diagnosis: {NAMED}" in out.getvalue()
