@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core import families, names, tiers
+from prefixwatch.core import families, names, routers, tiers
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import (
     Layout,
@@ -40,6 +40,7 @@ from prefixwatch.exporter.pagereader import (
     Snapshot,
     read_page,
 )
+from prefixwatch.exporter.routers.page import RouterReading, read_router_page
 from prefixwatch.exporter.scrape import Aborted, Fetcher
 
 log = logging.getLogger("prefixwatch.exporter")
@@ -171,6 +172,10 @@ class TargetMonitor:
         self.limit_note = ""
         #: time.monotonic() when the last poll ended, whatever its outcome (for /healthz).
         self.last_polled: float | None = None
+        #: A router's target: what its last page said (None: an engine, or not read yet).
+        self.router: RouterReading | None = None
+        #: What the router pages could not use, by reason (cumulative).
+        self.router_errors = dict.fromkeys(names.ROUTER_ERROR_REASONS, 0)
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -196,6 +201,10 @@ class TargetMonitor:
     def ingest(self, text: str, now: float, duration_started: float | None = None) -> None:
         """Read a page's text as if just polled at ``now``; never raises."""
         started = duration_started if duration_started is not None else time.monotonic()
+        kind = self.target.kind
+        if kind == names.TARGET_KIND_ROUTER or (kind == "" and routers.detect(text)):
+            self._ingest_router(text, now, started)
+            return
         try:
             snapshot = read_page(text, self._labels, self._limits)
         except PageError as exc:
@@ -226,6 +235,39 @@ class TargetMonitor:
             log.warning("target %s: over a limit, series left out: %s (docs/configuration.md"
                         "#limits)", self.name, note)
 
+    def _ingest_router(self, text: str, now: float, started: float) -> None:
+        """A router's page: what it counted, kept as the router exports it (Prometheus takes
+        the rates); the engine figures stay empty, so the fleet and the diagnosis pass it by."""
+        try:
+            reading = read_router_page(text, labels=self._labels, limits=self._limits)
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+            return
+        except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
+            log.exception("target %s: unexpected error while reading the router page", self.name)
+            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
+                       time.monotonic() - started)
+            return
+        with self.lock:
+            first = self.router is None
+            self.router = reading
+            for reason, n in reading.errors.items():
+                self.router_errors[reason] = self.router_errors.get(reason, 0) + n
+            self.snapshot = None
+            self.series = {}
+            self.models = {}
+            self.scrape_duration = time.monotonic() - started
+            self.last_success = now
+            self.last_polled = time.monotonic()
+            self.up = True
+            self.polled = True
+            self.reason = None
+            self.last_error = ""
+        if first:
+            log.info("target %s is a router (%s), %d worker(s)", self.name, reading.kind,
+                     len(reading.workers))
+        self._log_state(True, None, "")
+
     def _fail(self, exc: PageError, duration: float) -> None:
         with self.lock:
             self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
@@ -249,7 +291,7 @@ class TargetMonitor:
                 log.info("target %s is up again", self.name)
             else:
                 log.info("target %s is up (%s)", self.name, self.snapshot.schema.schema
-                         if self.snapshot else "?")
+                         if self.snapshot else self.router.kind if self.router else "?")
         else:
             log.warning("target %s is down: %s: %s", self.name, reason, detail)
 

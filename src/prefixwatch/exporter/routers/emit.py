@@ -1,0 +1,68 @@
+"""The ``prefixwatch_router_*`` series: each router's own counts, and its workers' targets.
+
+The router's counters are written as the router exports them (counter semantics kept: a router
+restart is a reset Prometheus handles); the believed share, the delivered ratio of its engines
+and the gap between them are the mixin's recording rules over these series and the engines'
+(mixin/routerrules.py). A router that is down writes only its error counters (its
+``prefixwatch_target_up`` says it is down), like an engine target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import Metric
+
+from prefixwatch.core import names
+from prefixwatch.core.names import OutMetric
+from prefixwatch.exporter.config import redact_url
+from prefixwatch.exporter.routers.match import RouterView, match_workers
+
+
+def router_views(monitors: Iterable) -> list[RouterView]:
+    """Every router target's last page with its workers matched to the engine targets (each
+    monitor read under its own lock, one at a time)."""
+    found = []
+    engines = []
+    for mon in monitors:
+        with mon.lock:
+            reading, up, errors = mon.router, mon.up, dict(mon.router_errors)
+        if reading is not None:
+            found.append((mon, reading, up, errors))
+        elif mon.target.kind != names.TARGET_KIND_ROUTER:
+            engines.append((mon.name, mon.target.url))
+    matches = match_workers(((mon.name, list(reading.workers), dict(mon.target.workers))
+                             for mon, reading, _, _ in found), engines)
+    return [RouterView(mon.name, reading.kind, up, reading, errors, *matches[mon.name])
+            for mon, reading, up, errors in found]
+
+
+def add_router_families(family: Callable[[OutMetric], Metric],
+                        views: Iterable[RouterView]) -> None:
+    """Write each router's series into the collector's families."""
+    for view in views:
+        r = view.name
+        errors = family(names.OUT_ROUTER_ERRORS)
+        for reason in names.ROUTER_ERROR_REASONS:
+            errors.add_metric([r, reason], float(view.errors.get(reason, 0)))
+        if not view.up:
+            continue
+        reading = view.reading
+        family(names.OUT_ROUTER_INFO).add_metric([r], {names.L_KIND: view.kind})
+        for worker, value in sorted(reading.worker_requests.items()):
+            family(names.OUT_ROUTER_WORKER_REQUESTS).add_metric([r, redact_url(worker)], value)
+        for worker, target in sorted(view.matched.items()):
+            family(names.OUT_ROUTER_WORKER_TARGET).add_metric([r, redact_url(worker), target],
+                                                              1.0)
+        unmatched = family(names.OUT_ROUTER_UNMATCHED_WORKERS)
+        for reason in names.ROUTER_UNMATCHED_REASONS:
+            unmatched.add_metric([r, reason], float(sum(
+                1 for why in view.unmatched.values() if why == reason)))
+        for policy, value in sorted(reading.decisions.items()):
+            family(names.OUT_ROUTER_DECISIONS).add_metric([r, policy], value)
+        for source, (hits, total) in sorted(reading.predictions.items()):
+            family(names.OUT_ROUTER_PREDICTED_HITS).add_metric([r, source], hits)
+            family(names.OUT_ROUTER_PREDICTIONS).add_metric([r, source], total)
+        for (worker, problem), value in sorted(reading.feed.items()):
+            family(names.OUT_ROUTER_KV_FEED_PROBLEMS).add_metric(
+                [r, redact_url(worker), problem], value)
