@@ -44,6 +44,7 @@ from prefixwatch.mixin.promtoolinput import (
     render_annotation,
     sample,
 )
+from prefixwatch.mixin.routertests import router_cases
 from prefixwatch.mixin.rules import Builder
 from prefixwatch.mixin.sources import EXPORTER_JOB
 from prefixwatch.mixin.tiercases import TierCases
@@ -368,6 +369,7 @@ class Cases(TierCases):
         case(half + [achievable], [], exprs)
         self.tier_cases(case)
         kv_cases(self, case, Phase)
+        router_cases(self, case, Phase)
         return tests
 
     def document(self) -> dict[str, Any]:
