@@ -96,9 +96,10 @@ VLLM_ROUTER = RouterSchema(
     decisions=((_row("router_decisions", families.VLLM_ROUTER), "policy"),
                ("vllm_router_prefix_routing_decisions_total", "policy")),
     predictions=(
-        # kv_aware: a lookup of the request's block hashes in the index fed by KV events.
+        # kv_aware: a lookup of the request's block hashes in the index fed by KV events;
+        # missing_tokens: it had no token ids to look up (it routed blind), a predicted miss.
         Prediction(_row("router_predicted_hits", families.VLLM_ROUTER), "result", ("hit",),
-                   ("miss",)),
+                   ("miss", "missing_tokens")),
         # cache_aware: the approximate text tree matched above --cache-threshold, or not.
         Prediction("vllm_router_prefix_routing_decisions_total", "outcome", ("prefix_hit",),
                    ("prefix_miss",)),

@@ -18,6 +18,7 @@ from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
 from prefixwatch.simulator.scenarios import describe
 from prefixwatch.simulator.server import Replica, ReplicaServer
+from prefixwatch.simulator.via import check_via
 
 log = logging.getLogger("prefixwatch.simulate")
 
@@ -58,6 +59,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--switch-at", type=_duration, metavar="DURATION",
                    help="switch to --switch-to after this long, e.g. 10m (a bad deploy)")
     p.add_argument("--switch-to", metavar="NAME", help="scenario to switch to")
+    p.add_argument("--via", metavar="URL",
+                   help="send the workload through this router (vllm-router, smg, a gateway: "
+                        "its base URL) instead of choosing replicas; the replicas still serve "
+                        "and publish their KV events")
     p.add_argument("--restart-at", type=_duration, metavar="DURATION",
                    help="restart every replica once after this long (cold cache, counters reset)")
     p.add_argument("--replicas", type=int, metavar="N",
@@ -215,6 +220,12 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
             raise ConfigError(f"cannot open {args.request_log}: {exc.strerror}") from exc
         request_log = RequestLogger(log_stream, args.max_log_len)  # type: ignore[arg-type]
     kv_events = _kv_events_options(args, replicas_n)
+    via = None
+    if getattr(args, "via", None):
+        try:
+            via = check_via(args.via)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     adapters = tuple(sorted(set(scenario.lora_modules) | set(
         switch_to.lora_modules if switch_to else ())))
     servers: list[ReplicaServer] = []
@@ -235,7 +246,7 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     if args.rate > 0:
         driver = Driver([s.replica for s in servers], scenario, args.rate, seed=args.seed,
                         switch_at=args.switch_at, switch_to=switch_to, routing=args.routing,
-                        restart_at=args.restart_at)
+                        restart_at=args.restart_at, via=via)
     for s in servers:
         log.info("replica %d (%s, %s) on http://%s:%d  (/metrics, /v1/chat/completions, "
                  "/v1/completions, /tokenize)", s.replica.index, args.engine, config.model,
@@ -247,8 +258,9 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
                      f", replay on {publisher.replay_endpoint}"
                      if publisher.replay_endpoint else "")
     if driver is not None:
-        log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
-                 replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
+        log.info("workload %s at %g req/s over %d replica(s)%s%s", scenario.name, args.rate,
+                 replicas_n, f" through the router at {via}" if via else "",
+                 f"; switching to {switch_to.name} after {args.switch_at:g}s"
                  if switch_to else "")
     else:
         log.info("no built-in workload (--rate 0): serving only")
