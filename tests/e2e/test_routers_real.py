@@ -160,9 +160,11 @@ def measure(kind: str, policy: str, tmp: Path) -> dict[str, float]:
         assert predictions == 0  # round-robin believes nothing
     sent = total(got, "prefixwatch_router_worker_requests_total")
     assert sent == REQUESTS, sent
-    return {"routing": routing / computed, "believed": predicted / predictions
+    rungs = {rung: total(got, "prefixwatch_ladder_hit_ratio", window="1m", rung=rung)
+             for rung in ("delivered", "perfect_routing", "ideal_prompts")}
+    return {"ladder": rungs, "routing": routing / computed, "believed": predicted / predictions
             if predictions else float("nan"), "delivered": hits / queries,
-            "routing_tokens": routing, "computed_tokens": computed}
+            "routing_tokens": routing, "computed_tokens": computed, "prompt_tokens": queries}
 
 
 def test_what_routing_cost_per_policy(tmp_path: Path) -> None:
@@ -174,6 +176,10 @@ def test_what_routing_cost_per_policy(tmp_path: Path) -> None:
     assert smg["routing"] < 0.02, smg
     assert kv["delivered"] > rr["delivered"] and smg["delivered"] > rr["delivered"]
     assert kv["believed"] > 0.5 and smg["believed"] > 0.5
+    # The ladder: perfect routing wins back round-robin's routing part, nothing for kv_aware.
+    gain = rr["ladder"]["perfect_routing"] - rr["ladder"]["delivered"]
+    assert gain == pytest.approx(rr["routing_tokens"] / rr["prompt_tokens"]) and gain > 0.1, rr
+    assert kv["ladder"]["perfect_routing"] == pytest.approx(kv["ladder"]["delivered"]), kv
 
 
 def test_a_cut_kv_feed_opens_the_gap_and_pages(tmp_path: Path) -> None:

@@ -447,3 +447,10 @@ ROUTER_UNMATCHED_REASONS: tuple[str, ...] = (ROUTER_UNMATCHED_NO_TARGET, ROUTER_
 TARGET_KIND_ENGINE = "engine"
 TARGET_KIND_ROUTER = "router"
 TARGET_KINDS: tuple[str, ...] = ("", TARGET_KIND_ENGINE, TARGET_KIND_ROUTER)
+
+OUT_LADDER = OutMetric(
+    "prefixwatch_ladder_hit_ratio", "gauge",
+    "A model's hit ratio over the window as delivered, then with each fix the KV event ledger "
+    "names added (rung: delivered, perfect_routing, capacity, ideal_prompts; core/ladder.py). "
+    "The step between two rungs is what that fix is worth. Capacity is absent until the "
+    "capacity what-if measures it.", (L_MODEL, L_WINDOW, L_RUNG))

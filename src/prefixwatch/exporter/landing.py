@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from prefixwatch.core import tiers
 from prefixwatch.core.eventledger import event_table
+from prefixwatch.core.ladder import ladder
+from prefixwatch.core.ladder import lines as ladder_lines
 from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.version import __version__
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
@@ -156,6 +158,10 @@ def event_ledger_section(exporter: Exporter, window: str | None) -> str:
                 out.append(f"<p>{html.escape(title)}: no prompt tokens in the window yet.</p>")
                 continue
             lines = event_table(span.shares, span.prompt)
+            if title == model:  # the model's ladder: what each fix is worth
+                lines += ["", "The ladder (hit ratio with each fix added; docs/routers.md):",
+                          *("  " + line for line in ladder_lines(ladder(span.shares,
+                                                                          span.prompt)))]
             out.append(f"<h3>{html.escape(title)}</h3><pre>"
                        + html.escape("\n".join(lines)) + "</pre>")
     return "".join(out)

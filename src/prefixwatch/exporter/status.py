@@ -208,9 +208,26 @@ class EventLedgerStatus:
                 lines.append(f"  {name} ({snap.model}; {span.requests} requests, "
                              f"{lost} messages lost):")
                 lines += ["    " + line for line in event_table(span.shares, span.prompt)]
+            lines += ladder_status(exp)
             return lines
         finally:
             exp.kv.stop()
+
+
+def ladder_status(exp) -> list[str]:
+    """Each model's ladder over the gap (its targets summed): what each fix is worth."""
+    from prefixwatch.core.ladder import ladder
+    from prefixwatch.core.ladder import lines as ladder_lines
+
+    out = []
+    for model in sorted(exp.kv_ledgers.models()):
+        span = exp.kv_ledgers.model_span(model, None)
+        rungs = ladder(span.shares, span.prompt) if span is not None else {}
+        if rungs:
+            out += ["", f"The ladder of {model} (hit ratio with each fix added; "
+                        "docs/routers.md#the-ladder):", *("  " + line
+                                                        for line in ladder_lines(rungs))]
+    return out
 
 
 def event_ledger_status(config: ExporterConfig) -> EventLedgerStatus | None:
