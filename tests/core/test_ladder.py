@@ -1,10 +1,10 @@
-"""The ladder (core/ladder.py): cumulative hit ratios, each fix added in turn."""
+"""The ladder (core/kv/ladder.py): cumulative hit ratios, each fix added in turn."""
 
 from __future__ import annotations
 
 import pytest
 
-from prefixwatch.core.ladder import ladder, lines
+from prefixwatch.core.kv.ladder import ladder, lines
 
 
 def test_each_rung_adds_its_part() -> None:

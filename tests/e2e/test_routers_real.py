@@ -24,14 +24,14 @@ import requests
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import rulenames
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.demo.routers import RouterProcess, spec_for
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import rules
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.scenarios import Corpus, _many_tenants
 from prefixwatch.simulator.server import Replica, ReplicaServer
 from prefixwatch.simulator.via import ViaRouter

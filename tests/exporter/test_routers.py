@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import names, routers
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.vocab import exposition, routers
 from prefixwatch.exporter.config import TargetConfig, build_config
 from prefixwatch.exporter.pagescan import PageError
 from prefixwatch.exporter.routers.match import match_workers
@@ -121,8 +121,8 @@ def test_hostile_router_pages() -> None:
     many = "".join(f'smg_worker_requests_total{{worker="http://w{i}:80",model="m"}} 1\n'
                    for i in range(600))
     reading = read_router_page(many)
-    assert len(reading.workers) == names.DEFAULT_MAX_SERIES
-    assert reading.errors == {"too_many_series": 600 - names.DEFAULT_MAX_SERIES}
+    assert len(reading.workers) == exposition.DEFAULT_MAX_SERIES
+    assert reading.errors == {"too_many_series": 600 - exposition.DEFAULT_MAX_SERIES}
     long = f'smg_worker_requests_total{{worker="http://{"a" * 600}:80",model="m"}} 1\n'
     assert read_router_page(long + many[:200]).errors == {"label_too_long": 1}
 
@@ -134,10 +134,10 @@ def test_worker_matching() -> None:
         ("r2", [W0, "http://pod-7:8000"], {"http://pod-7:8000": "e1"}),
     ], engines)
     assert got["r1"] == ({W0: "e0", "http://localhost": "e1"},
-                         {"http://10.0.0.9:8000": names.ROUTER_UNMATCHED_NO_TARGET})
+                         {"http://10.0.0.9:8000": exposition.ROUTER_UNMATCHED_NO_TARGET})
     # r2 claims what r1 already holds: counted shared, never joined twice.
-    assert got["r2"] == ({}, {W0: names.ROUTER_UNMATCHED_SHARED,
-                              "http://pod-7:8000": names.ROUTER_UNMATCHED_SHARED})
+    assert got["r2"] == ({}, {W0: exposition.ROUTER_UNMATCHED_SHARED,
+                              "http://pod-7:8000": exposition.ROUTER_UNMATCHED_SHARED})
 
 
 def test_router_config_keys(tmp_path) -> None:

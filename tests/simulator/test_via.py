@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 
-from prefixwatch.core.kvevents import AllBlocksCleared
+from prefixwatch.core.kv.codec import AllBlocksCleared
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS
@@ -97,7 +97,7 @@ def test_reset_prefix_cache_clears_the_cache_and_publishes_it(server) -> None:
 
 
 def test_reset_prefix_cache_publishes_all_blocks_cleared() -> None:
-    from prefixwatch.simulator.kvevents import KVEvents, KVEventSink
+    from prefixwatch.simulator.kvpublisher import KVEvents, KVEventSink
 
     sent = []
 

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from prefixwatch.core import causes, names, rulenames
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import causes, exposition, rulenames
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.demo.backends import (
     ALERTMANAGER_BINARIES,
     DEFAULT_SWITCH_AT,
@@ -78,8 +78,8 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (default 4)")
     p.add_argument("--sim-port", type=int, default=8000,
                    help="first simulator port (default 8000; 0 = any free port)")
-    p.add_argument("--listen-address", default=f"127.0.0.1:{names.DEFAULT_PORT}",
-                   help=f"exporter address (default 127.0.0.1:{names.DEFAULT_PORT})")
+    p.add_argument("--listen-address", default=f"127.0.0.1:{exposition.DEFAULT_PORT}",
+                   help=f"exporter address (default 127.0.0.1:{exposition.DEFAULT_PORT})")
     p.add_argument("--prometheus-port", type=int, default=9090,
                    help="Prometheus port on 127.0.0.1 (default 9090)")
     p.add_argument("--alertmanager-port", type=int, default=9093,
@@ -103,7 +103,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _targets_from_env() -> list[str] | None:
-    for var in ("VLLM_TARGETS", names.ENV_TARGETS):
+    for var in ("VLLM_TARGETS", exposition.ENV_TARGETS):
         raw = os.environ.get(var, "").strip()
         if raw:
             return [u.strip() for u in raw.split(",") if u.strip()]
@@ -183,8 +183,8 @@ def run_demo(args: argparse.Namespace) -> int:
             requests_log = {"path": log_path, "follow": True}
         config = build_config(
             targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
-            interval=max(0.5, names.DEFAULT_INTERVAL_SECONDS * scale),
-            windows=[scaled(w, scale) for w in names.DEFAULT_WINDOWS] if scale != 1 else None,
+            interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
+            windows=[scaled(w, scale) for w in exposition.DEFAULT_WINDOWS] if scale != 1 else None,
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
             cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log)
         exporter = Exporter(config)
@@ -244,7 +244,7 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
     try:
         with skippable():
             written = write_report(prometheus, out, Request(
-                began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
+                began, time.time(), exposition.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
     except PrefixwatchError as exc:
         log.warning("no incident report: %s", exc)
         return

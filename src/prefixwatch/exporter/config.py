@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixwatch.core import causes, names, settings
-from prefixwatch.core.causes import DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import causes, exposition, settings
+from prefixwatch.core.vocab.causes import DiagnosisThresholds
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.core.yamlfile import ConfigFile
 from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
 
@@ -26,15 +26,15 @@ from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
 class TargetConfig:
     url: str
     name: str = ""
-    timeout: float = names.DEFAULT_TIMEOUT_SECONDS
+    timeout: float = exposition.DEFAULT_TIMEOUT_SECONDS
     bearer_token_file: str | None = None
     tls_verify: bool = True
     ca_file: str | None = None
-    max_body_bytes: int = names.DEFAULT_MAX_BODY_BYTES
-    max_series: int = names.DEFAULT_MAX_SERIES
-    max_models: int = names.DEFAULT_MAX_MODELS
-    max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
-    max_buckets: int = names.DEFAULT_MAX_BUCKETS
+    max_body_bytes: int = exposition.DEFAULT_MAX_BODY_BYTES
+    max_series: int = exposition.DEFAULT_MAX_SERIES
+    max_models: int = exposition.DEFAULT_MAX_MODELS
+    max_label_length: int = exposition.DEFAULT_MAX_LABEL_LENGTH
+    max_buckets: int = exposition.DEFAULT_MAX_BUCKETS
     #: The engine's KV event PUB endpoint (vLLM's --kv-events-config endpoint), e.g.
     #: tcp://vllm:5557; None: no event source for this target.
     kv_events: str | None = None
@@ -57,10 +57,10 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class ExporterConfig:
-    targets: tuple[TargetConfig, ...] = (TargetConfig(names.DEFAULT_TARGET),)
-    interval: float = names.DEFAULT_INTERVAL_SECONDS
-    listen_address: str = names.DEFAULT_LISTEN_ADDRESS
-    windows: tuple[str, ...] = names.DEFAULT_WINDOWS
+    targets: tuple[TargetConfig, ...] = (TargetConfig(exposition.DEFAULT_TARGET),)
+    interval: float = exposition.DEFAULT_INTERVAL_SECONDS
+    listen_address: str = exposition.DEFAULT_LISTEN_ADDRESS
+    windows: tuple[str, ...] = exposition.DEFAULT_WINDOWS
     otlp_endpoint: str | None = None
     diagnosis_window: str = causes.DIAGNOSIS_WINDOW
     cold_start: str = causes.COLD_START
@@ -190,7 +190,7 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
         target = TargetConfig(
             url=validate_url(str(merged["url"])),
             name=str(merged.get("name") or ""),
-            timeout=float(merged.get("timeout", names.DEFAULT_TIMEOUT_SECONDS)),
+            timeout=float(merged.get("timeout", exposition.DEFAULT_TIMEOUT_SECONDS)),
             bearer_token_file=merged.get("bearer_token_file"),
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
@@ -203,10 +203,10 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    if target.kind not in names.TARGET_KINDS:
+    if target.kind not in exposition.TARGET_KINDS:
         raise ConfigError(f"{where}: kind {target.kind!r} is not one of "
-                          f"{', '.join(repr(k) for k in names.TARGET_KINDS if k)}")
-    if target.workers and target.kind != names.TARGET_KIND_ROUTER:
+                          f"{', '.join(repr(k) for k in exposition.TARGET_KINDS if k)}")
+    if target.workers and target.kind != exposition.TARGET_KIND_ROUTER:
         raise ConfigError(f"{where}: workers: is for a router target (kind: router)")
     if target.timeout <= 0 or any(getattr(target, k) <= 0 for k in _LIMIT_KEYS):
         raise ConfigError(f"{where}: timeout and {', '.join(_LIMIT_KEYS)} must be positive")
@@ -266,7 +266,7 @@ def build_config(
 ) -> ExporterConfig:
     """Flags win over the file, the file over the environment, the environment over defaults."""
     env = os.environ if environ is None else environ
-    config_file = config_file or env.get(names.ENV_CONFIG) or None
+    config_file = config_file or env.get(exposition.ENV_CONFIG) or None
     cf = load_file(config_file)
     data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
@@ -281,11 +281,11 @@ def build_config(
     elif data.get("targets"):
         entries = list(data["targets"])
         places = [cf.where("targets", str(i)) for i in range(len(entries))]
-    elif env.get(names.ENV_TARGETS, "").strip():
-        entries = [u.strip() for u in env[names.ENV_TARGETS].split(",") if u.strip()]
-        places = [names.ENV_TARGETS] * len(entries)
+    elif env.get(exposition.ENV_TARGETS, "").strip():
+        entries = [u.strip() for u in env[exposition.ENV_TARGETS].split(",") if u.strip()]
+        places = [exposition.ENV_TARGETS] * len(entries)
     else:
-        entries, places = [names.DEFAULT_TARGET], ["default target"]
+        entries, places = [exposition.DEFAULT_TARGET], ["default target"]
     target_list = [_target_from(e, defaults, at) for e, at in zip(entries, places, strict=True)]
     if kv_events:
         if len(target_list) != 1:
@@ -315,10 +315,10 @@ def build_config(
         cfg = ExporterConfig(
             targets=name_targets(target_list),
             interval=float(interval if interval is not None
-                           else data.get("interval", names.DEFAULT_INTERVAL_SECONDS)),
+                           else data.get("interval", exposition.DEFAULT_INTERVAL_SECONDS)),
             listen_address=str(listen_address or data.get("listen_address")
-                               or names.DEFAULT_LISTEN_ADDRESS),
-            windows=tuple(windows or data.get("windows") or names.DEFAULT_WINDOWS),
+                               or exposition.DEFAULT_LISTEN_ADDRESS),
+            windows=tuple(windows or data.get("windows") or exposition.DEFAULT_WINDOWS),
             otlp_endpoint=otlp_endpoint or data.get("otlp_endpoint"),
             diagnosis_window=diagnosis_window or found.window,
             cold_start=cold_start or found.cold_start,

@@ -10,12 +10,12 @@ import html
 import time
 from typing import TYPE_CHECKING
 
-from prefixwatch.core import tiers
-from prefixwatch.core.eventledger import event_table
-from prefixwatch.core.ladder import ladder
-from prefixwatch.core.ladder import lines as ladder_lines
-from prefixwatch.core.ledger import table as ledger_table
+from prefixwatch.core.cache.requestledger import table as ledger_table
+from prefixwatch.core.kv.eventledger import event_table
+from prefixwatch.core.kv.ladder import ladder
+from prefixwatch.core.kv.ladder import lines as ladder_lines
 from prefixwatch.core.version import __version__
+from prefixwatch.core.vocab import tiers
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.evidence import served_tokens
@@ -103,7 +103,8 @@ def tier_section(exporter: Exporter, window: str | None) -> str:
 
 
 def ledger_section(exporter: Exporter, window: str | None) -> str:
-    """Where the window's prompt tokens went (core/ledger.py), or that it needs a request log."""
+    """Where the window's prompt tokens went (core/cache/requestledger.py), or that it needs a
+    request log."""
     events = event_ledger_section(exporter, window)
     if events:
         return events
@@ -136,7 +137,7 @@ def kv_section(exporter: Exporter) -> str:
         rows.append(_row(cells))
     table = _table("kv", ("target", "stream", "messages", "blocks stored", "resident", "lost",
                           "not used (reason count)"), rows)
-    return table and "<h2>KV event streams (README: KV events)</h2>" + table
+    return table and "<h2>KV event streams (docs/kv-events.md)</h2>" + table
 
 
 def event_ledger_section(exporter: Exporter, window: str | None) -> str:

@@ -6,10 +6,10 @@ import math
 import time
 from dataclasses import dataclass
 
-from prefixwatch.core import causes, schemas, tiers
+from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.diagnosis import diagnose
-from prefixwatch.core.ledger import table as ledger_table
-from prefixwatch.core.windows import parse_duration, ratio
+from prefixwatch.core.vocab import causes, schemas, tiers
+from prefixwatch.core.vocab.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.monitor import TargetMonitor
@@ -191,7 +191,7 @@ class EventLedgerStatus:
         self.exporter.poll_round()  # the baseline: the counters as the streams start
 
     def finish(self) -> list[str]:
-        from prefixwatch.core.eventledger import event_table
+        from prefixwatch.core.kv.eventledger import event_table
 
         exp = self.exporter
         try:
@@ -216,8 +216,8 @@ class EventLedgerStatus:
 
 def ladder_status(exp) -> list[str]:
     """Each model's ladder over the gap (its targets summed): what each fix is worth."""
-    from prefixwatch.core.ladder import ladder
-    from prefixwatch.core.ladder import lines as ladder_lines
+    from prefixwatch.core.kv.ladder import ladder
+    from prefixwatch.core.kv.ladder import lines as ladder_lines
 
     out = []
     for model in sorted(exp.kv_ledgers.models()):

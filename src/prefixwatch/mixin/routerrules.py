@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core import names
-from prefixwatch.core.families import exposed
-from prefixwatch.core.names import L_ROUTER, L_TARGET, L_WORKER
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab import exposition
+from prefixwatch.core.vocab.exposition import L_ROUTER, L_TARGET, L_WORKER
+from prefixwatch.core.vocab.families import exposed
+from prefixwatch.core.vocab.rulenames import (
     ALERT_ROUTER_FEED,
     ALERT_ROUTER_STALE,
     r_router_believed,
@@ -32,10 +32,10 @@ from prefixwatch.core.rulenames import (
 )
 from prefixwatch.mixin.promql import Exprs
 
-PREDICTED = exposed(names.OUT_ROUTER_PREDICTED_HITS)
-PREDICTIONS = exposed(names.OUT_ROUTER_PREDICTIONS)
-WORKER_TARGET = exposed(names.OUT_ROUTER_WORKER_TARGET)
-FEED_PROBLEMS = exposed(names.OUT_ROUTER_KV_FEED_PROBLEMS)
+PREDICTED = exposed(exposition.OUT_ROUTER_PREDICTED_HITS)
+PREDICTIONS = exposed(exposition.OUT_ROUTER_PREDICTIONS)
+WORKER_TARGET = exposed(exposition.OUT_ROUTER_WORKER_TARGET)
+FEED_PROBLEMS = exposed(exposition.OUT_ROUTER_KV_FEED_PROBLEMS)
 #: The dashboards' window (always recorded beside ``router_window``).
 ROUTER_DASHBOARD_WINDOW = "5m"
 

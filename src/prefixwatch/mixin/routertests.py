@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prefixwatch.core.names import L_ROUTER, L_SOURCE, L_TARGET, L_WORKER
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.exposition import L_ROUTER, L_SOURCE, L_TARGET, L_WORKER
+from prefixwatch.core.vocab.rulenames import (
     ALERT_ROUTER_FEED,
     ALERT_ROUTER_STALE,
     r_router_believed,
     r_router_delivered,
 )
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.promtoolinput import sample
 from prefixwatch.mixin.routerrules import (
     FEED_PROBLEMS,

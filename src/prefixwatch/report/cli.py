@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.report import Request, write_report
 
 

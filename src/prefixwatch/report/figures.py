@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
 
-from prefixwatch.core.rulenames import REPLICA_WINDOW  # noqa: E402
+from prefixwatch.core.vocab.rulenames import REPLICA_WINDOW  # noqa: E402
 from prefixwatch.report.model import ReportData  # noqa: E402
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.8, 5.6, 100

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixwatch.core import settings
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab import settings
+from prefixwatch.core.vocab.rulenames import (
     MODEL,
     MODEL_TARGET,
     REPLICA_WINDOW,
@@ -112,7 +112,7 @@ class ReportData:
     phase_note: str = ""
     notes: list[str] = field(default_factory=list)
     divergence: dict | None = None
-    #: The model's ladder at the end of the range (core/ladder.py): its window, and each
+    #: The model's ladder at the end of the range (core/kv/ladder.py): its window, and each
     #: rung's hit ratio, as text lines; None when the exporter wrote none.
     ladder: tuple[str, list[str]] | None = None
 

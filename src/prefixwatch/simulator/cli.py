@@ -10,10 +10,10 @@ import threading
 from typing import IO
 
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.simulator.driver import Driver, get_scenario
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
 from prefixwatch.simulator.scenarios import describe

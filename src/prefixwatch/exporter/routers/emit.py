@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.core import Metric
 
-from prefixwatch.core import names
-from prefixwatch.core.names import OutMetric
+from prefixwatch.core.vocab import exposition
+from prefixwatch.core.vocab.exposition import OutMetric
 from prefixwatch.exporter.config import redact_url
 from prefixwatch.exporter.routers.match import RouterView, match_workers
 
@@ -29,7 +29,7 @@ def router_views(monitors: Iterable) -> list[RouterView]:
             reading, up, errors = mon.router, mon.up, dict(mon.router_errors)
         if reading is not None:
             found.append((mon, reading, up, errors))
-        elif mon.target.kind != names.TARGET_KIND_ROUTER:
+        elif mon.target.kind != exposition.TARGET_KIND_ROUTER:
             engines.append((mon.name, mon.target.url))
     matches = match_workers(((mon.name, list(reading.workers), dict(mon.target.workers))
                              for mon, reading, _, _ in found), engines)
@@ -42,27 +42,27 @@ def add_router_families(family: Callable[[OutMetric], Metric],
     """Write each router's series into the collector's families."""
     for view in views:
         r = view.name
-        errors = family(names.OUT_ROUTER_ERRORS)
-        for reason in names.ROUTER_ERROR_REASONS:
+        errors = family(exposition.OUT_ROUTER_ERRORS)
+        for reason in exposition.ROUTER_ERROR_REASONS:
             errors.add_metric([r, reason], float(view.errors.get(reason, 0)))
         if not view.up:
             continue
         reading = view.reading
-        family(names.OUT_ROUTER_INFO).add_metric([r], {names.L_KIND: view.kind})
+        family(exposition.OUT_ROUTER_INFO).add_metric([r], {exposition.L_KIND: view.kind})
         for worker, value in sorted(reading.worker_requests.items()):
-            family(names.OUT_ROUTER_WORKER_REQUESTS).add_metric([r, redact_url(worker)], value)
+            family(exposition.OUT_ROUTER_WORKER_REQUESTS).add_metric([r, redact_url(worker)], value)
         for worker, target in sorted(view.matched.items()):
-            family(names.OUT_ROUTER_WORKER_TARGET).add_metric([r, redact_url(worker), target],
+            family(exposition.OUT_ROUTER_WORKER_TARGET).add_metric([r, redact_url(worker), target],
                                                               1.0)
-        unmatched = family(names.OUT_ROUTER_UNMATCHED_WORKERS)
-        for reason in names.ROUTER_UNMATCHED_REASONS:
+        unmatched = family(exposition.OUT_ROUTER_UNMATCHED_WORKERS)
+        for reason in exposition.ROUTER_UNMATCHED_REASONS:
             unmatched.add_metric([r, reason], float(sum(
                 1 for why in view.unmatched.values() if why == reason)))
         for policy, value in sorted(reading.decisions.items()):
-            family(names.OUT_ROUTER_DECISIONS).add_metric([r, policy], value)
+            family(exposition.OUT_ROUTER_DECISIONS).add_metric([r, policy], value)
         for source, (hits, total) in sorted(reading.predictions.items()):
-            family(names.OUT_ROUTER_PREDICTED_HITS).add_metric([r, source], hits)
-            family(names.OUT_ROUTER_PREDICTIONS).add_metric([r, source], total)
+            family(exposition.OUT_ROUTER_PREDICTED_HITS).add_metric([r, source], hits)
+            family(exposition.OUT_ROUTER_PREDICTIONS).add_metric([r, source], total)
         for (worker, problem), value in sorted(reading.feed.items()):
-            family(names.OUT_ROUTER_KV_FEED_PROBLEMS).add_metric(
+            family(exposition.OUT_ROUTER_KV_FEED_PROBLEMS).add_metric(
                 [r, redact_url(worker), problem], value)

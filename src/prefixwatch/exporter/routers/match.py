@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from prefixwatch.core import names
+from prefixwatch.core.vocab import exposition
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,9 @@ def match_workers(routers: Iterable[tuple[str, list[str], Mapping[str, str]]],
                 at = address(worker)
                 target = by_address.get(at) if at is not None else None
             if target is None:
-                unmatched[worker] = names.ROUTER_UNMATCHED_NO_TARGET
+                unmatched[worker] = exposition.ROUTER_UNMATCHED_NO_TARGET
             elif claimed.setdefault(target, router) != router:
-                unmatched[worker] = names.ROUTER_UNMATCHED_SHARED
+                unmatched[worker] = exposition.ROUTER_UNMATCHED_SHARED
             else:
                 matched[worker] = target
         out[router] = (matched, unmatched)

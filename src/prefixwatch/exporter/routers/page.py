@@ -1,7 +1,7 @@
 """One router's /metrics page -> what it counted: requests per worker, decisions per policy,
 predicted hits over lookups, and the problems of its KV event feed.
 
-The page is cut to the samples its router kind's schema (core/routers.py) reads, under the
+The page is cut to the samples its router kind's schema (core/vocab/routers.py) reads, under the
 target's limits, as an engine's is (exporter/pagescan.py). What cannot be used is counted by
 reason, never raised: a label value this release does not know (a newer router), a family of
 another type than expected, a page of the router's with none of the families read.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixwatch.core import routers
-from prefixwatch.core.routers import Prediction, RouterSchema
+from prefixwatch.core.vocab import routers
+from prefixwatch.core.vocab.routers import Prediction, RouterSchema
 from prefixwatch.exporter.pagescan import (
     LabelCache,
     PageError,
