@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -26,8 +27,10 @@ POLICIES = {"vllm-router": ("kv_aware", "cache_aware", "round_robin", "random", 
                             "consistent_hash", "sticky_least_loaded"),
             "smg": ("cache_aware", "round_robin", "random", "power_of_two", "prefix_hash",
                     "consistent_hashing", "least_load")}
-#: A router's default policy here: the prefix-aware one.
-DEFAULT_POLICY = {"vllm-router": "kv_aware", "smg": "cache_aware"}
+#: A router's default policy here: the prefix-aware one. smg's cache_aware (like vllm-router's
+#: kv_aware) sends every request to one worker while the load is light; its prefix_hash spreads
+#: tenants over the workers by their first tokens, which is what the demo's story needs.
+DEFAULT_POLICY = {"vllm-router": "kv_aware", "smg": "prefix_hash"}
 
 
 def install_hint(kind: str) -> str | None:
@@ -143,3 +146,75 @@ def spec_for(kind: str, policy: str | None, ports: Sequence[int], workers: Seque
     """A router spec with the kind's default policy and two given ports (API, metrics)."""
     return RouterSpec(kind, policy or DEFAULT_POLICY[kind], ports[0], ports[1], tuple(workers),
                       tuple(kv_sources), model, block_size)
+
+
+def free_loopback_port() -> int:
+    """A port free on 127.0.0.1 a moment ago (a router is told its ports on its command line)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RoutedWorkload:
+    """The demo's workload through a real router, and the moment routing degrades: at
+    ``degrade_at`` seconds the router is restarted with ``round_robin`` on the same ports (a
+    bad deploy of the router's config), so each tenant's prefix is computed on every replica
+    and the ledger's routing part rises."""
+
+    def __init__(self, kind: str, policy: str | None, sim, scenario, rate: float,  # noqa: ANN001
+                 log_dir: Path, degrade_at: float | None, seed: int = 1) -> None:
+        from prefixwatch.simulator.driver import Driver
+
+        workers = [url.removesuffix("/metrics") for url in sim.urls]
+        kv = list(zip(workers, sim.kv_events_endpoints, strict=False))
+        model = sim.servers[0].replica.config.model
+        self.spec = spec_for(kind, policy, (free_loopback_port(), free_loopback_port()),
+                             workers, kv, model)
+        self.log_path = log_dir / f"{kind}.log"
+        self.router = RouterProcess(self.spec, self.log_path)
+        self.driver = Driver([s.replica for s in sim.servers], scenario, rate, seed=seed,
+                             via=self.spec.url)
+        self.degrade_at = degrade_at
+        self._timer = None
+        self._lock = threading.Lock()  # the router swapped by degrade(), or stopped
+        self._stopped = False
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.router.start().wait_ready(timeout)
+        self.driver.start()
+        if self.degrade_at is not None:
+            self._timer = threading.Timer(self.degrade_at, self.degrade)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def degrade(self) -> None:
+        """Restart the router with round_robin on the same ports."""
+        import logging
+        from dataclasses import replace
+
+        logging.getLogger("prefixwatch.demo").warning(
+            "routing degrades: %s restarted with --policy round_robin (was %s)",
+            self.spec.kind, self.spec.policy)
+        with self._lock:
+            if self._stopped:
+                return
+            self.router.stop(timeout=0.5)
+            self.spec = replace(self.spec, policy="round_robin")
+            self.router = RouterProcess(self.spec, self.log_path).start()
+        try:
+            self.router.wait_ready()
+        except RuntimeError as exc:
+            logging.getLogger("prefixwatch.demo").warning("the router did not come back: %s",
+                                                          exc)
+
+    def stop(self) -> None:
+        """Within the demo's shutdown deadline: the router is killed 0.2 s after SIGTERM (smg
+        drains for minutes on SIGTERM)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._stopped = True
+            self.router.stop(timeout=0.2)
+        self.driver.stop()

@@ -13,7 +13,6 @@ import logging
 import threading
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,7 +48,7 @@ class ViaRouter:
         self.model = model
         self.timeout = timeout
         self._slots = threading.BoundedSemaphore(max_in_flight)
-        self._pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="via")
+        self._closed = threading.Event()
         self._lock = threading.Lock()
         self.sent = self.failed = self.dropped = 0
 
@@ -63,7 +62,12 @@ class ViaRouter:
                 log.warning("--via: %d requests dropped: %d already in flight to the router",
                             dropped, MAX_IN_FLIGHT)
             return False
-        self._pool.submit(self._send, body)
+        if self._closed.is_set():
+            self._slots.release()
+            return False
+        # A daemon thread per request in flight (at most max_in_flight): a request still
+        # waiting on the router never holds up the process's exit.
+        threading.Thread(target=self._send, args=(body,), name="via", daemon=True).start()
         return True
 
     def send(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -94,4 +98,5 @@ class ViaRouter:
             self._slots.release()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Send nothing more; requests in flight end by their deadline (daemon threads)."""
+        self._closed.set()
