@@ -170,7 +170,7 @@ def exporter_with(*targets: TargetConfig) -> Exporter:
     return Exporter(ExporterConfig(targets=targets, interval=5.0))
 
 
-def test_exporter_routers_beside_engines(vllm_page: str, page_server, tmp_path) -> None:
+def test_exporter_routers_beside_engines(vllm_page: str, page_server, tmp_path, caplog) -> None:
     """Two routers claim the same two replicas (the second is counted shared); a router that
     is down and one that is slow cost only their own polls; the engines are untouched."""
     from tests.conftest import PageServer
@@ -197,6 +197,7 @@ def test_exporter_routers_beside_engines(vllm_page: str, page_server, tmp_path) 
             exporter.poll_round()
             assert time.monotonic() - started < 2.5  # the slow router is cut at its deadline
             got = samples(exporter)
+            samples(exporter)  # said once, not per scrape
     finally:
         for server in (engine0, engine1, slow):
             server.close()
@@ -217,6 +218,8 @@ def test_exporter_routers_beside_engines(vllm_page: str, page_server, tmp_path) 
                  reason="shared") == 0
     assert value("prefixwatch_router_unmatched_workers", router="router-b",
                  reason="shared") == 2
+    said = [r.getMessage() for r in caplog.records if "matched to no engine target" in r.message]
+    assert len(said) == 2 and all("router-b" in m and "claims" in m for m in said), said
     assert value("prefixwatch_router_predicted_hits_total", router="router-a",
                  source="vllm_router_kv_placement_lookups_total") == 8
     assert value("prefixwatch_router_predictions_total", router="router-a",

@@ -9,6 +9,8 @@ and the gap between them are the mixin's recording rules over these series and t
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Iterable
 
 from prometheus_client.core import Metric
@@ -17,6 +19,26 @@ from prefixwatch.core.vocab import exposition
 from prefixwatch.core.vocab.exposition import OutMetric
 from prefixwatch.exporter.config import redact_url
 from prefixwatch.exporter.routers.match import RouterView, match_workers
+
+log = logging.getLogger("prefixwatch.exporter")
+#: (router, worker, reason) already logged: an unmatched worker is said once, not per scrape.
+_SAID: set[tuple[str, str, str]] = set()
+_SAID_LOCK = threading.Lock()
+_SAID_MAX = 4096
+
+
+def _say_unmatched(router: str, unmatched: dict[str, str]) -> None:
+    for worker, reason in unmatched.items():
+        key = (router, worker, reason)
+        with _SAID_LOCK:
+            if key in _SAID or len(_SAID) >= _SAID_MAX:
+                continue
+            _SAID.add(key)
+        why = ("no target serves it (give the router a workers: map, or add the engine as a "
+               "target)" if reason == exposition.ROUTER_UNMATCHED_NO_TARGET else
+               "an earlier router in the config claims its target")
+        log.warning("router %s: worker %s matched to no engine target: %s", router,
+                    redact_url(worker), why)
 
 
 def router_views(monitors: Iterable) -> list[RouterView]:
@@ -33,6 +55,8 @@ def router_views(monitors: Iterable) -> list[RouterView]:
             engines.append((mon.name, mon.target.url))
     matches = match_workers(((mon.name, list(reading.workers), dict(mon.target.workers))
                              for mon, reading, _, _ in found), engines)
+    for name, (_matched, unmatched) in matches.items():
+        _say_unmatched(name, unmatched)
     return [RouterView(mon.name, reading.kind, up, reading, errors, *matches[mon.name])
             for mon, reading, up, errors in found]
 
