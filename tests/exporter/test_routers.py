@@ -231,3 +231,26 @@ def test_exporter_routers_beside_engines(vllm_page: str, page_server, tmp_path, 
                  model_name="meta-llama/Llama-3.1-8B-Instruct", server="vllm") is not None
     assert not any(k[0].startswith("prefixwatch_prefix_cache") and ("target", "router-a")
                    in k[1] for k in got)
+
+
+def test_status_shows_a_router_its_workers_and_its_belief(vllm_page: str) -> None:
+    from prefixwatch.exporter.config import ExporterConfig
+    from prefixwatch.exporter.status import collect_status, render
+    from tests.conftest import PageServer
+
+    engine, router = PageServer(), PageServer()
+    try:
+        engine.serve(vllm_page)
+        w = engine.url.removesuffix("/metrics").removeprefix("http://")
+        router.serve(page("vllm_router_kv_aware").replace("127.0.0.1:47101", w))
+        rows = collect_status(ExporterConfig(targets=(
+            TargetConfig(engine.url, name="e0"), TargetConfig(router.url, name="r"))), 0.1)
+    finally:
+        engine.close()
+        router.close()
+    (row,) = [r for r in rows if r.schema == "router"]
+    assert row.target == "r" and row.server == "vllm_router" and not row.error
+    assert f"http://{w} -> e0" in row.note and "no prediction in the gap" in row.note
+    assert "(no_target)" in row.note  # 47100 serves no target here
+    text = render(rows, 0.1)
+    assert "r  " in text and "Diagnosis" in text and "r -:" not in text
