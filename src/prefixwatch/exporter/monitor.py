@@ -205,15 +205,8 @@ class TargetMonitor:
         if kind == exposition.TARGET_KIND_ROUTER or (kind == "" and routers.detect(text)):
             self._ingest_router(text, now, started)
             return
-        try:
-            snapshot = read_page(text, self._labels, self._limits)
-        except PageError as exc:
-            self._fail(exc, time.monotonic() - started)
-            return
-        except Exception as exc:  # pragma: no cover - same as above
-            log.exception("target %s: unexpected error while reading the page", self.name)
-            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
-                       time.monotonic() - started)
+        snapshot = self._read(read_page, text, started, self._labels, self._limits)
+        if snapshot is None:
             return
         note = ", ".join(f"{n} dropped ({reason})" for reason, n in sorted(
             snapshot.dropped.items()))
@@ -221,13 +214,7 @@ class TargetMonitor:
             self._accept(snapshot, now)
             for reason in snapshot.dropped:
                 self.errors[reason] = self.errors.get(reason, 0) + 1
-            self.scrape_duration = time.monotonic() - started
-            self.last_success = now
-            self.last_polled = time.monotonic()
-            self.up = True
-            self.polled = True
-            self.reason = None
-            self.last_error = ""
+            self._succeeded(started, now)
             changed = note != self.limit_note
             self.limit_note = note
         self._log_state(True, None, "")
@@ -235,18 +222,34 @@ class TargetMonitor:
             log.warning("target %s: over a limit, series left out: %s (docs/configuration.md"
                         "#limits)", self.name, note)
 
+    def _read(self, reader, text: str, started: float, *args):  # noqa: ANN001, ANN202
+        """``reader(text, *args)``, or None with the failure recorded (never raises)."""
+        try:
+            return reader(text, *args)
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+        except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
+            log.exception("target %s: unexpected error while reading the page", self.name)
+            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
+                       time.monotonic() - started)
+        return None
+
+    def _succeeded(self, started: float, now: float) -> None:
+        """A page was read (under the lock): the target is up."""
+        self.scrape_duration = time.monotonic() - started
+        self.last_success = now
+        self.last_polled = time.monotonic()
+        self.up = True
+        self.polled = True
+        self.reason = None
+        self.last_error = ""
+
     def _ingest_router(self, text: str, now: float, started: float) -> None:
         """A router's page: what it counted, kept as the router exports it (Prometheus takes
         the rates); the engine figures stay empty, so the fleet and the diagnosis pass it by."""
-        try:
-            reading = read_router_page(text, labels=self._labels, limits=self._limits)
-        except PageError as exc:
-            self._fail(exc, time.monotonic() - started)
-            return
-        except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
-            log.exception("target %s: unexpected error while reading the router page", self.name)
-            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
-                       time.monotonic() - started)
+        reading = self._read(read_router_page, text, started, None, self._labels,
+                             self._limits)
+        if reading is None:
             return
         with self.lock:
             first = self.router is None
@@ -256,13 +259,7 @@ class TargetMonitor:
             self.snapshot = None
             self.series = {}
             self.models = {}
-            self.scrape_duration = time.monotonic() - started
-            self.last_success = now
-            self.last_polled = time.monotonic()
-            self.up = True
-            self.polled = True
-            self.reason = None
-            self.last_error = ""
+            self._succeeded(started, now)
         if first:
             log.info("target %s is a router (%s), %d worker(s)", self.name, reading.kind,
                      len(reading.workers))
