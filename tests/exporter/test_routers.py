@@ -254,3 +254,13 @@ def test_status_shows_a_router_its_workers_and_its_belief(vllm_page: str) -> Non
     assert "(no_target)" in row.note  # 47100 serves no target here
     text = render(rows, 0.1)
     assert "r  " in text and "Diagnosis" in text and "r -:" not in text
+
+
+def test_the_landing_page_names_a_router_target(vllm_page: str) -> None:
+    exporter = exporter_with(TargetConfig("http://127.0.0.1:1/metrics", name="e0"),
+                             TargetConfig("http://127.0.0.1:2/metrics", name="gateway"))
+    exporter.monitors[0].ingest(vllm_page, time.time())
+    exporter.monitors[1].ingest(page("smg_cache_aware"), time.time())
+    html = exporter.landing_page()
+    assert ("<tr><td>gateway</td><td>http://127.0.0.1:2/metrics</td><td>up</td>"
+            "<td>router (smg)</td>") in html

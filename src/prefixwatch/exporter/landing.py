@@ -34,7 +34,8 @@ def render_landing(exporter: Exporter) -> str:
     for mon in exporter.monitors:
         with mon.lock:
             state = "up" if mon.up else ("not polled yet" if not mon.polled else "down")
-            schema = mon.snapshot.schema.schema if mon.snapshot and mon.up else ""
+            schema = mon.snapshot.schema.schema if mon.snapshot and mon.up else (
+                f"router ({mon.router.kind})" if mon.router is not None and mon.up else "")
             # Over a limit, the page was read but series were left out: say which.
             error = mon.last_error if not mon.up else (
                 f"limit reached: {mon.limit_note} (docs/configuration.md#limits)"
