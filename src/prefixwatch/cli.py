@@ -13,20 +13,22 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from prefixwatch.core.errors import ConfigError, PrefixwatchError
+from prefixwatch.core.errors import PrefixwatchError
 from prefixwatch.core.version import __version__
-from prefixwatch.core.vocab import causes, exposition
 
 log = logging.getLogger("prefixwatch")
 
 # The products' sub-commands: name -> (one-line help, module, parser builder, runner). The help
 # is the module's own (tests/test_cli.py checks they agree); a runner of None: run_<name> here.
 PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
+    "exporter": ("run the sidecar exporter",
+                 "prefixwatch.exporter.cli", "add_exporter_parser", "run_exporter"),
+    "status": ("one-shot view of the prefix cache, without Prometheus",
+               "prefixwatch.exporter.cli", "add_status_parser", "run_status"),
     "simulate": ("serve simulated vLLM replicas with a built-in workload",
                  "prefixwatch.simulator.cli", "add_simulate_parser", "run_simulate"),
     "rules": ("generate Prometheus rules and Alertmanager routing",
@@ -87,40 +89,6 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _add_target_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", action="append", metavar="URL", dest="targets",
-                   help=f"a /metrics URL to poll; repeat for several "
-                        f"(default: ${exposition.ENV_TARGETS}, comma-separated, or "
-                        f"{exposition.DEFAULT_TARGET})")
-    p.add_argument("--config", metavar="FILE", dest="config_file",
-                   help=f"YAML config file (see exporter/prefixwatch.example.yml; "
-                        f"default: ${exposition.ENV_CONFIG})")
-    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                   help=f"per-target poll timeout (default {exposition.DEFAULT_TIMEOUT_SECONDS:g})")
-    p.add_argument("--bearer-token-file", metavar="FILE",
-                   help="send 'Authorization: Bearer <file contents>' to every target")
-    p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify HTTPS targets")
-    p.add_argument("--insecure-skip-verify", action="store_true",
-                   help="do not verify HTTPS certificates")
-    p.add_argument("--kv-events", metavar="ENDPOINT",
-                   help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
-                        "e.g. tcp://localhost:5557, for the one target; several targets: "
-                        "kv_events per target in the config file")
-    p.add_argument("--max-body-bytes", type=int, metavar="N",
-                   help=f"refuse pages larger than N bytes "
-                        f"(default {exposition.DEFAULT_MAX_BODY_BYTES})")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="prefixwatch",
@@ -132,62 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="logging level (default: info)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 action=LazySubcommands)
-
-    exp = sub.add_parser(
-        "exporter", help="run the sidecar exporter",
-        description="Poll vLLM/SGLang /metrics pages and expose prefix-cache hit ratios over "
-                    "time windows, normalized counters and TTFT as prefixwatch_* series.")
-    _add_target_flags(exp)
-    exp.add_argument("--interval", type=_positive_float, metavar="SECONDS",
-                     help=f"poll interval (default {exposition.DEFAULT_INTERVAL_SECONDS:g})")
-    exp.add_argument("--listen-address", metavar="HOST:PORT",
-                     help="where to serve /metrics (default "
-                          f"{exposition.DEFAULT_LISTEN_ADDRESS}, every interface; "
-                          "127.0.0.1:PORT keeps it on loopback)")
-    exp.add_argument("--window", action="append", metavar="DURATION", dest="windows",
-                     help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
-                          f"(default {' '.join(exposition.DEFAULT_WINDOWS)})")
-    exp.add_argument("--web-config-file", metavar="FILE",
-                     help="TLS and basic auth for the exporter's own endpoint (exporter-toolkit "
-                          "format; see docs/configuration.md)")
-    exp.add_argument("--otlp-endpoint", metavar="URL",
-                     help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
-    diag = exp.add_argument_group(
-        "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
-    diag.add_argument("--diagnosis-window", metavar="DURATION",
-                      help=f"window the causes are judged over (default "
-                           f"{causes.DIAGNOSIS_WINDOW})")
-    diag.add_argument("--cold-start", metavar="DURATION",
-                      help=f"a server that (re)started less than this ago is cold "
-                           f"(default {causes.COLD_START})")
-    diag.add_argument("--requests-log", metavar="PATH",
-                      help="opt-in request-level view: a JSONL request log (as `audit` reads) "
-                           "or vLLM's own log with --enable-log-requests and "
-                           "VLLM_LOGGING_LEVEL=DEBUG (vLLM 0.33 and the older one-line form)")
-    diag.add_argument("--follow", action="store_true", default=None,
-                      help="follow the requests log as it grows (tail -F: rotation and "
-                           "truncation handled); without it the file is read once")
-    diag.add_argument("--requests-tokenizer", metavar="SPEC",
-                      help="tokenizer for text requests and divergence kinds: 'server' (the "
-                           "first target's /tokenize, default), a URL, a Hugging Face "
-                           "tokenizer directory, 'builtin' (the simulator's) or 'none'")
-    diag.add_argument("--max-log-len", type=int, metavar="N",
-                      help="the server's --max-log-len: logged token ids of N are cut "
-                           "(counted as truncated)")
-    diag.add_argument("--requests-model", metavar="NAME",
-                      help="the model the requests log belongs to (default: every model)")
-
-    st = sub.add_parser(
-        "status", help="one-shot view of the prefix cache, without Prometheus",
-        description="Poll each target twice, a few seconds apart, and print the hit ratio over "
-                    "that gap and over the server's lifetime, query rate, TTFT, KV usage, and "
-                    "why the hit rate is low (the exporter's diagnosis rules, over the gap).")
-    _add_target_flags(st)
-    st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
-                    help="seconds between the two polls (default 5)")
-    st.add_argument("--cold-start", metavar="DURATION",
-                    help=f"a server that (re)started less than this ago is cold (default "
-                         f"{causes.COLD_START}; `prefixwatch demo --time-scale` prints its own)")
 
     for name, (summary, module, builder, _) in PRODUCT_COMMANDS.items():
         sub.add_lazy(name, summary, module, builder)
@@ -205,90 +117,16 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
-#: Flags that are build_config's keywords of the same name: the target flags and --cold-start,
-#: and the exporter's own.
-_CONFIG_FLAGS = ("targets", "config_file", "timeout", "bearer_token_file", "ca_file",
-                 "insecure_skip_verify", "max_body_bytes", "kv_events", "cold_start")
-_EXPORTER_FLAGS = ("interval", "listen_address", "windows", "otlp_endpoint", "web_config_file",
-                   "diagnosis_window")
-
-
-def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
-    from prefixwatch.exporter.config import build_config
-
-    flags = _CONFIG_FLAGS + (_EXPORTER_FLAGS if with_exporter_flags else ())
-    kwargs = {flag: getattr(args, flag) for flag in flags}
-    if with_exporter_flags:
-        log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
-                     "max_log_len": args.max_log_len, "model": args.requests_model}
-        if args.requests_log:
-            kwargs["requests_log"] = {"path": args.requests_log, **log_flags}
-        elif any(v is not None for v in log_flags.values()):
-            raise ConfigError("--follow, --requests-tokenizer, --max-log-len and "
-                              "--requests-model go with --requests-log PATH")
-    return build_config(**kwargs)
-
-
-def run_exporter(args: argparse.Namespace) -> int:
-    from prefixwatch.exporter.service import Exporter
-
-    config = _config_from(args, with_exporter_flags=True)
-    exporter = Exporter(config)
-    bridge = None
-    if config.otlp_endpoint:
-        from prefixwatch.exporter.otlp import OtlpBridge
-
-        bridge = OtlpBridge(exporter.collector, config.otlp_endpoint)
-        exporter.round_listeners.append(bridge.export)
-        log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
-    try:
-        exporter.start()
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {config.listen_address}: {exc.strerror}") from exc
-    _stop_on_signals(exporter.stop)
-    exporter.wait()
-    if bridge is not None:
-        bridge.shutdown()
-    log.info("stopped")
-    return 0
-
-
 def run_report(args: argparse.Namespace) -> int:
     """The report reads what pages under the mixin config (--config, else the defaults): its
     threshold (--threshold wins), its ratio and the critical alert's short window."""
     from prefixwatch.mixin.config import MixinConfig, load_config
-    from prefixwatch.report.cli import Paging
-    from prefixwatch.report.cli import run_report as write
+    from prefixwatch.report.cli import Paging, report_on_paging
 
     cfg = load_config(args.config) if args.config else MixinConfig()  # ConfigError: exit 2
-    return write(args, Paging(cfg.hit_ratio_threshold if args.threshold is None
+    return report_on_paging(args, Paging(cfg.hit_ratio_threshold if args.threshold is None
                               else args.threshold, cfg.hit_ratio, cfg.critical_short_window,
                               cfg.time_scale))
-
-
-def run_status(args: argparse.Namespace) -> int:
-    from prefixwatch.exporter.status import (
-        collect_status,
-        event_ledger_status,
-        ledger_status,
-        render,
-    )
-
-    config = _config_from(args, with_exporter_flags=False)
-    events = event_ledger_status(config)  # follows the streams through the gap
-    rows = collect_status(config, args.gap)
-    print(render(rows, args.gap))
-    print("\n".join(events.finish() if events is not None else ledger_status(config, rows)))
-    return 1 if any(r.error for r in rows) else 0
-
-
-def _stop_on_signals(stop) -> None:
-    def handler(signum: int, _frame: object) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     """The function that runs a sub-command (a product's is imported from its module)."""
-    local = {"exporter": run_exporter, "status": run_status, "report": run_report}
+    local = {"report": run_report}
     if command in local:
         return local[command]
     _, module, _, runner = PRODUCT_COMMANDS[command]

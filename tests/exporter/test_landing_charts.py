@@ -43,8 +43,9 @@ def test_binned_history_follows_the_counters(vllm_page: str) -> None:
     exporter = _exporter("http://127.0.0.1:9/metrics")
     start = _regression(exporter, vllm_page)
     mon = exporter.monitors[0]
-    histories = [s.history for s in mon.series.values()]
-    binned = bin_history(histories, mon.last_success, width=(mon.last_success - start) / BINS)
+    view = mon.view
+    histories = [s.history for s in view.series.values()]
+    binned = bin_history(histories, view.last_success, width=(view.last_success - start) / BINS)
     ratios = [r for r in binned.ratios() if r is not None]
     assert len(ratios) >= BINS - 2
     assert abs(ratios[2] - 0.89) < 0.01 and abs(ratios[-1] - 0.03) < 0.01
@@ -58,7 +59,7 @@ def test_every_label_value_is_escaped(vllm_page: str) -> None:
     page = vllm_page.replace(MODEL, hostile.replace('"', "'"))
     exporter = _exporter("http://127.0.0.1:9/metrics?<b>x</b>")
     _regression(exporter, page, polls=20)
-    html = render_landing(exporter)
+    html = render_landing(exporter.landing_inputs())
     assert "<img" not in html and "<b>x" not in html
     assert "&lt;img src=x onerror=" in html
     assert html.count('<svg class="chart"') == 2  # the fleet and the one target
@@ -112,8 +113,8 @@ def _page(page: str, queries: float, hits: float, ttft: float, slow: float,
 
 
 def _same_render(exporter: Exporter, now: float) -> str:
-    cached = charts_section(exporter, now)
-    assert cached == charts_section(exporter, now, cached=False)
+    cached = charts_section(exporter.landing_inputs(), now)
+    assert cached == charts_section(exporter.landing_inputs(), now, cached=False)
     return cached
 
 
@@ -127,7 +128,7 @@ def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
         page = with_counters(vllm_page, queries, 0.1 * queries)
         page = re.sub(r'(source="host"\}) \S+', rf"\g<1> {0.8 * queries}", page)
         exporter.monitors[0].ingest(page, start + i * 10)
-    html = charts_section(exporter, start + 600)
+    html = charts_section(exporter.landing_inputs(), start + 600)
     assert "effective hit ratio" in html
     assert html.count('<span class="ok">90.0%</span>') == 2, html  # the fleet and the target
 
@@ -140,7 +141,7 @@ def test_landing_page_fits_1280_pixels(vllm_page: str, tmp_path: Path) -> None:
         exporter = _exporter(page_server.url, "http://127.0.0.1:9/" + "metrics" * 40)
         _regression(exporter, vllm_page)
         exporter.monitors[1].poll()  # refused: up=0 with its error
-        html = render_landing(exporter).replace("</body>", (
+        html = render_landing(exporter.landing_inputs()).replace("</body>", (
             "<script>document.body.setAttribute('data-width', "
             "document.documentElement.scrollWidth)</script></body>"))
         path = tmp_path / "landing.html"

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.vocab import exposition, routers
-from prefixwatch.exporter.config import TargetConfig, build_config
+from prefixwatch.exporter.config import ConfigFlags, TargetConfig, build_config
 from prefixwatch.exporter.pagescan import PageError
 from prefixwatch.exporter.routers.match import match_workers
 from prefixwatch.exporter.routers.page import read_router_page
@@ -144,15 +144,15 @@ def test_router_config_keys(tmp_path) -> None:
     cfg = tmp_path / "c.yml"
     cfg.write_text("targets:\n- {url: 'http://e:8000/metrics', name: e}\n"
                    "- {url: 'http://r:9000/metrics', kind: router, workers: {'http://x:1': e}}\n")
-    got = build_config(config_file=str(cfg), environ={})
+    got = build_config(ConfigFlags(config_file=str(cfg)), environ={})
     assert got.targets[1].kind == "router" and got.targets[1].workers == (("http://x:1", "e"),)
     cfg.write_text("targets:\n- {url: 'http://r:9000/metrics', kind: gateway}\n")
     with pytest.raises(ConfigError, match="kind 'gateway'"):
-        build_config(config_file=str(cfg), environ={})
+        build_config(ConfigFlags(config_file=str(cfg)), environ={})
     cfg.write_text("targets:\n- {url: 'http://r:9000/metrics', kind: router, "
                    "workers: {'http://x:1': nobody}}\n")
     with pytest.raises(ConfigError, match="names no target"):
-        build_config(config_file=str(cfg), environ={})
+        build_config(ConfigFlags(config_file=str(cfg)), environ={})
 
 
 # -- the exporter: routers beside engines --------------------------------------------------

@@ -144,7 +144,7 @@ def test_kubernetes_builtin_kinds_validate() -> None:
 def test_the_sidecar_mounts_an_exporter_config_the_exporter_reads(tmp_path: Path) -> None:
     """The sidecar's --config holds the mixin's diagnosis settings, in keys the exporter's own
     config loader accepts: the diagnosis judges against the threshold the alerts page on."""
-    from prefixwatch.exporter.config import build_config
+    from prefixwatch.exporter.config import ConfigFlags, build_config
 
     docs = k8s_docs()
     config_map = next(d for d in docs if d["metadata"]["name"] == stack.EXPORTER_CONFIG_NAME)
@@ -157,7 +157,7 @@ def test_the_sidecar_mounts_an_exporter_config_the_exporter_reads(tmp_path: Path
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert volume["configMap"]["name"] == stack.EXPORTER_CONFIG_NAME
     (tmp_path / "config.yml").write_text(config_map["data"]["config.yml"])
-    exporter = build_config(config_file=str(tmp_path / "config.yml"), environ={})
+    exporter = build_config(ConfigFlags(config_file=str(tmp_path / "config.yml")), environ={})
     expected = MixinConfig().diagnosis
     assert exporter.thresholds == expected.thresholds and exporter.cold_start == "10m"
     assert exporter.thresholds.hit_ratio == MixinConfig().hit_ratio_threshold

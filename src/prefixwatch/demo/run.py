@@ -42,7 +42,7 @@ from prefixwatch.demo.pager import NotificationPrinter
 from prefixwatch.demo.routers import BINARIES as router_binaries
 from prefixwatch.demo.routers import RoutedWorkload, install_hint
 from prefixwatch.demo.shutdown import Shutdown, Skipped, skippable
-from prefixwatch.exporter.config import build_config, split_host_port
+from prefixwatch.exporter.config import ConfigFlags, build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, dashboards
 from prefixwatch.mixin import config as mixin_config
@@ -165,13 +165,7 @@ def run_demo(args: argparse.Namespace) -> int:
         log.warning("Prometheus and Alertmanager are not installed, so no alert rules run "
                     "here; install them with: %s", INSTALL_HINT)
     _check_ports(args, simulate=not targets, backends=with_backends)
-    if args.router:
-        if targets:
-            raise ConfigError("--router puts a router in front of the simulated replicas; "
-                              "it cannot be combined with --vllm")
-        hint = install_hint(args.router)
-        if hint:
-            raise ConfigError(hint)
+    _check_router(args, targets)
     with contextlib.ExitStack() as cleanup:
         if args.data_dir:
             state = Path(args.data_dir)
@@ -203,33 +197,20 @@ def run_demo(args: argparse.Namespace) -> int:
             parts.add("the simulator", sim.stop, after="the exporter")
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
-        routed_workload = None
-        if sim is not None and args.router:
-            from prefixwatch.simulator.driver import get_scenario
-
-            routed_workload = RoutedWorkload(args.router, args.router_policy, sim,
-                                             get_scenario(_scenario(args)), args.rate, state,
-                                             switch_at)
-            parts.add("the router", routed_workload.stop, after="the exporter")
-        config = build_config(
+        routed_workload = _routed(args, sim, state, switch_at, parts)
+        config = build_config(ConfigFlags(
             targets=_with_kv_events(targets, sim) + (
                 [{"url": routed_workload.spec.metrics_url, "name": "router", "kind": "router"}]
                 if routed_workload else []), listen_address=args.listen_address,
             interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
             windows=[scaled(w, scale) for w in exposition.DEFAULT_WINDOWS] if scale != 1 else None,
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
-            cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log)
+            cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log))
         exporter = Exporter(config)
         if sim is not None:
             sim.start()
         if routed_workload is not None:
-            try:
-                routed_workload.start()
-            except (RuntimeError, OSError) as exc:
-                raise ConfigError(f"{args.router} did not start: {exc}") from exc
-            log.info("workload %s at %g req/s through %s (%s) at %s; routing degrades "
-                     "(round_robin) after %gs", _scenario(args), args.rate, args.router,
-                     routed_workload.spec.policy, routed_workload.spec.url, switch_at)
+            _start_routed(args, routed_workload, switch_at)
         try:
             exporter.start()
         except OSError as exc:
@@ -261,6 +242,42 @@ def run_demo(args: argparse.Namespace) -> int:
             log.info("SIGTERM: stopping without the incident report (Ctrl-C writes one)")
     log.info("demo stopped")
     return 0
+
+
+def _check_router(args: argparse.Namespace, targets: list[str] | None) -> None:
+    """--router needs the simulated replicas and the router's binary (or says how to get it)."""
+    if not args.router:
+        return
+    if targets:
+        raise ConfigError("--router puts a router in front of the simulated replicas; it "
+                          "cannot be combined with --vllm")
+    hint = install_hint(args.router)
+    if hint:
+        raise ConfigError(hint)
+
+
+def _routed(args: argparse.Namespace, sim, state: Path, switch_at: float,  # noqa: ANN001
+            parts: Shutdown) -> RoutedWorkload | None:
+    """With --router (and the simulator): the workload through the real router, stopped
+    with the demo's other parts."""
+    if sim is None or not args.router:
+        return None
+    from prefixwatch.simulator.driver import get_scenario
+
+    routed = RoutedWorkload(args.router, args.router_policy, sim,
+                            get_scenario(_scenario(args)), args.rate, state, switch_at)
+    parts.add("the router", routed.stop, after="the exporter")
+    return routed
+
+
+def _start_routed(args: argparse.Namespace, routed: RoutedWorkload, switch_at: float) -> None:
+    try:
+        routed.start()
+    except (RuntimeError, OSError) as exc:
+        raise ConfigError(f"{args.router} did not start: {exc}") from exc
+    log.info("workload %s at %g req/s through %s (%s) at %s; routing degrades (round_robin) "
+             "after %gs", _scenario(args), args.rate, args.router, routed.spec.policy,
+             routed.spec.url, switch_at)
 
 
 def _scenario(args: argparse.Namespace) -> str:

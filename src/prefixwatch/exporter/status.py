@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.diagnosis import diagnose
+from prefixwatch.core.kv.eventledger import event_table
 from prefixwatch.core.vocab import causes, schemas, tiers
 from prefixwatch.core.vocab.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
-from prefixwatch.exporter.evidence import evidence_for
+from prefixwatch.exporter.evidence import LEDGER_NEEDS_LOG, evidence_for
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
+from prefixwatch.exporter.service import Exporter
 
 
 @dataclass
@@ -44,39 +46,33 @@ class StatusRow:
     note: str = ""
 
 
-def tier_shares(by_tier: dict[str, float], queries: float) -> dict[str, float] | None:
-    """Each tier's share of the prompt tokens, and the recomputed rest (None: no tokens)."""
-    if not by_tier or not queries > 0:
-        return None
-    shares = {t: by_tier[t] / queries for t in tiers.TIERS}
-    shares["recomputed"] = max(1.0 - sum(shares.values()), 0.0)
-    return shares
-
-
 def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap."""
     windows = {"gap": gap}
     monitors = [TargetMonitor(t, windows, gap, extra_windows=(gap,)) for t in config.targets]
     for mon in monitors:
         mon.poll()
-    first = {mon.name: mon.router for mon in monitors}
+    first = {mon.name: mon.view.router for mon in monitors}
     time.sleep(gap)
     for mon in monitors:
         mon.poll()
     now = time.time()
-    evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
+    views = [mon.view for mon in monitors]
+    evidence = {view.name: evidence_for(view, now, gap) for view in views if view.up}
     found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),
                      config.hit_ratio_mode)
-    rows: list[StatusRow] = router_rows(monitors, first)
-    for mon in monitors:
-        if mon.up and mon.router is not None:
+    rows: list[StatusRow] = router_rows(views, first)
+    for view in views:
+        if view.up and view.router is not None:
             continue  # a router: its row is router_rows'
-        if not mon.up or mon.snapshot is None:
-            rows.append(StatusRow(mon.name, "-", "-", "-", error=f"{mon.reason}: {mon.last_error}"))
+        if not view.up or view.schema is None:
+            rows.append(StatusRow(view.name, "-", "-", "-",
+                                  error=f"{view.reason}: {view.last_error}"))
             continue
-        schema = mon.snapshot.schema
-        for model, figures in sorted(mon.models.items()):
-            states = mon.by_model().get(model, [])
+        schema = view.schema
+        by_model = view.by_model()
+        for model, figures in sorted(view.models.items()):
+            states = by_model.get(model, [])
             wf = figures.windows.get("gap")
             kv = [s.values.gauges["kv_usage"] for s in states if "kv_usage" in s.values.gauges]
             blocks = [s.values.block_size for s in states if s.values.block_size]
@@ -90,7 +86,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
             pool = pools.pop() if len(pools) == 1 else None
             rows.append(StatusRow(
                 pool_blocks=int(pool) if pool and pool.isdigit() else None,
-                target=mon.name, model=model, server=schema.server, schema=schema.schema,
+                target=view.name, model=model, server=schema.server, schema=schema.schema,
                 gap_ratio=wf.hit_ratio if wf else None,
                 lifetime_ratio=lifetime,
                 queries_per_s=(wf.queries / wf.seconds) if wf and wf.seconds > 0 else None,
@@ -99,21 +95,21 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
                 kv_usage=max(kv) if kv else None,
                 block_size=blocks[0] if blocks else None,
                 caching_enabled=all(enabled) if enabled else None,
-                causes=tuple(found.active(mon.name, model)),
+                causes=tuple(found.active(view.name, model)),
                 effective_ratio=wf.effective_ratio if wf else None,
                 lifetime_effective=figures.lifetime_effective,
-                tier_split=tier_shares(wf.tiers, wf.queries) if wf else None,
+                tier_split=wf.tier_shares() if wf else None,
             ))
     return rows
 
 
-def router_rows(monitors: list[TargetMonitor], first: dict) -> list[StatusRow]:
+def router_rows(views: list, first: dict) -> list[StatusRow]:
     """A row per router target: its kind, its workers and the engine targets they matched,
     and what it believed over the gap (its predicted hits over its predictions)."""
     from prefixwatch.exporter.routers.emit import router_views
 
     rows = []
-    for view in router_views(monitors):
+    for view in router_views(views):
         if not view.up:
             continue
         before = first.get(view.name)
@@ -178,12 +174,6 @@ def render(rows: list[StatusRow], gap: float) -> str:
     return "\n".join(lines)
 
 
-LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
-                    "eviction) needs a KV event stream (--kv-events ENDPOINT; "
-                    "kv_events per target in the config file) or a request log "
-                    "(--requests-log PATH): docs/runbooks.md#the-hit-rate-ledger.")
-
-
 def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
     """The ledger of the whole request log (read once), as a table; or why there is none."""
     if config.requests_log is None:
@@ -213,15 +203,11 @@ class EventLedgerStatus:
     followed from ``start`` (one poll of every target) to ``finish`` (a second one)."""
 
     def __init__(self, config: ExporterConfig) -> None:
-        from prefixwatch.exporter.service import Exporter
-
         self.exporter = Exporter(config)
         self.exporter.kv.start()
         self.exporter.poll_round()  # the baseline: the counters as the streams start
 
     def finish(self) -> list[str]:
-        from prefixwatch.core.kv.eventledger import event_table
-
         exp = self.exporter
         try:
             exp.poll_round()
@@ -229,13 +215,14 @@ class EventLedgerStatus:
                          "tokens went; docs/runbooks.md#the-hit-rate-ledger):"]
             for name, source in exp.kv.sources.items():
                 span = exp.kv_ledgers.span(name, None)
-                up, lost, _errors, snap = source.read()
+                stream = source.view()
+                snap = stream.snapshot
                 if span is None or snap is None:
                     lines.append(f"  {name}: no KV event received "
-                                 f"({'subscribed' if up else 'not connected'})")
+                                 f"({'subscribed' if stream.up else 'not connected'})")
                     continue
                 lines.append(f"  {name} ({snap.model}; {span.requests} requests, "
-                             f"{lost} messages lost):")
+                             f"{stream.lost} messages lost):")
                 lines += ["    " + line for line in event_table(span.shares, span.prompt)]
             lines += ladder_status(exp)
             return lines

@@ -26,12 +26,15 @@ from prefixwatch.simulator import pages
 from prefixwatch.simulator.engine import Engine, SimRequest
 
 
+def _label_names(family: pages.PageFamily) -> list[str]:
+    if family.name == pages.VLLM_CACHE_CONFIG_INFO:
+        return sorted({k for k, _ in pages.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
+    return list(family.labels) + [name for name, _ in family.preset]
+
+
 def _declare(family: pages.PageFamily, registry: CollectorRegistry,
              max_model_len: int = 32768) -> Any:
-    labels = list(family.labels) + [name for name, _ in family.preset]
-    if family.name == pages.VLLM_CACHE_CONFIG_INFO:
-        labels = sorted({k for k, _ in pages.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
-    kwargs: dict[str, Any] = {"labelnames": labels, "registry": registry}
+    kwargs: dict[str, Any] = {"labelnames": _label_names(family), "registry": registry}
     if family.kind == "counter":
         return Counter(family.name, family.help, **kwargs)
     if family.kind == "histogram":
@@ -63,6 +66,8 @@ class PageMetrics:
         if self.offload is not None:
             page = _with_host_tier(page, server)
         self.m: dict[str, Any] = {}
+        #: The families labelled with the engine index.
+        self._by_engine = {f.name for f in page if "engine" in _label_names(f)}
         model = engine.config.model
         for family in page:
             metric = _declare(family, self.registry, engine.config.max_model_len)
@@ -97,7 +102,7 @@ class PageMetrics:
         child = self._children.get(key)
         if child is None:
             labels = dict(self._base)
-            if "engine" in self.m[name]._labelnames:
+            if name in self._by_engine:
                 labels["engine"] = self._engine_index
             labels.update(extra)
             child = self._children[key] = self.m[name].labels(**labels)

@@ -41,24 +41,22 @@ def _say_unmatched(router: str, unmatched: dict[str, str]) -> None:
                     redact_url(worker), why)
 
 
-def router_views(monitors: Iterable) -> list[RouterView]:
-    """Every router target's last page with its workers matched to the engine targets (each
-    monitor read under its own lock, one at a time)."""
+def router_views(views: Iterable) -> list[RouterView]:
+    """Every router target's last page with its workers matched to the engine targets, from
+    the targets' published views (TargetView: no lock taken)."""
     found = []
     engines = []
-    for mon in monitors:
-        with mon.lock:
-            reading, up, errors = mon.router, mon.up, dict(mon.router_errors)
-        if reading is not None:
-            found.append((mon, reading, up, errors))
-        elif mon.target.kind != exposition.TARGET_KIND_ROUTER:
-            engines.append((mon.name, mon.target.url))
-    matches = match_workers(((mon.name, list(reading.workers), dict(mon.target.workers))
-                             for mon, reading, _, _ in found), engines)
+    for view in views:
+        if view.router is not None:
+            found.append(view)
+        elif view.target.kind != exposition.TARGET_KIND_ROUTER:
+            engines.append((view.name, view.target.url))
+    matches = match_workers(((v.name, list(v.router.workers), dict(v.target.workers))
+                             for v in found), engines)
     for name, (_matched, unmatched) in matches.items():
         _say_unmatched(name, unmatched)
-    return [RouterView(mon.name, reading.kind, up, reading, errors, *matches[mon.name])
-            for mon, reading, up, errors in found]
+    return [RouterView(v.name, v.router.kind, v.up, v.router, v.router_errors, *matches[v.name])
+            for v in found]
 
 
 def add_router_families(family: Callable[[OutMetric], Metric],
