@@ -9,7 +9,9 @@ another type than expected, a page of the router's with none of the families rea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from prefixwatch.core.vocab import routers
 from prefixwatch.core.vocab.routers import Prediction, RouterSchema
@@ -23,9 +25,30 @@ from prefixwatch.exporter.pagescan import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RouterReading:
-    """What one page of a router said (cumulative counts, as the router exports them)."""
+    """What one page of a router said (cumulative counts, as the router exports them); it
+    never changes once read (a target's view holds it)."""
+
+    kind: str
+    #: Every worker URL the page names, in page order.
+    workers: tuple[str, ...] = ()
+    worker_requests: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    decisions: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    #: Prediction source -> (predicted hits, predictions).
+    predictions: Mapping[str, tuple[float, float]] = field(default_factory=lambda: _EMPTY)
+    #: (worker, problem) -> count.
+    feed: Mapping[tuple[str, str], float] = field(default_factory=lambda: _EMPTY)
+    #: What the page could not give, by reason (this page's counts).
+    errors: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass
+class _Draft:
+    """A reading while the page is read."""
 
     kind: str
     #: Every worker URL the page names, in page order.
@@ -40,6 +63,12 @@ class RouterReading:
 
     def count(self, reason: str) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def freeze(self) -> RouterReading:
+        return RouterReading(
+            self.kind, tuple(self.workers), MappingProxyType(self.worker_requests),
+            MappingProxyType(self.decisions), MappingProxyType(self.predictions),
+            MappingProxyType(self.feed), MappingProxyType(self.errors))
 
 
 #: A count exported as a gauge is still a count (production-stack writes its counts so).
@@ -62,7 +91,7 @@ class _Samples:
     """The kept sample lines of one page, by name, labels parsed (memoised)."""
 
     def __init__(self, text: str, schema: RouterSchema, labels: LabelCache,
-                 limits: PageLimits, reading: RouterReading) -> None:
+                 limits: PageLimits, reading: _Draft) -> None:
         self.by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
         for name, block, rest in select_samples(text, schema.sample_names()):
             value = parse_value(name, rest)
@@ -87,11 +116,11 @@ def read_router_page(text: str, schema: RouterSchema | None = None,
         raise PageError("not_metrics", "no router family on the page (vllm_router_*, smg_*, "
                                        "llm_d_epp_*, dynamo_*, vllm:routing_decisions_total)")
     limits = limits or PageLimits()
-    reading = RouterReading(schema.kind)
+    reading = _Draft(schema.kind)
     samples = _Samples(text, schema, labels or LabelCache(), limits, reading)
     if not samples.by_name:
         reading.count("no_known_family")
-        return reading
+        return reading.freeze()
     read = schema.sample_names()
     types = _types(text, read | {s.removesuffix("_total") for s in read}
                    | {s.removesuffix("_sum") for s in read})
@@ -106,10 +135,10 @@ def read_router_page(text: str, schema: RouterSchema | None = None,
             if _admit(worker, reading, limits):
                 key = (worker, problem.problem)
                 reading.feed[key] = reading.feed.get(key, 0.0) + value
-    return reading
+    return reading.freeze()
 
 
-def _admit(worker: str, reading: RouterReading, limits: PageLimits) -> bool:
+def _admit(worker: str, reading: _Draft, limits: PageLimits) -> bool:
     if not worker or worker in reading.workers:
         return True
     if len(reading.workers) >= limits.max_series:
@@ -119,7 +148,7 @@ def _admit(worker: str, reading: RouterReading, limits: PageLimits) -> bool:
     return True
 
 
-def _workers(samples: _Samples, schema: RouterSchema, reading: RouterReading,
+def _workers(samples: _Samples, schema: RouterSchema, reading: _Draft,
              limits: PageLimits) -> None:
     for labels_, _value in samples.get(schema.worker_list):
         _admit(labels_.get(schema.worker_label, ""), reading, limits)
@@ -130,7 +159,7 @@ def _workers(samples: _Samples, schema: RouterSchema, reading: RouterReading,
             reading.worker_requests[worker] = reading.worker_requests.get(worker, 0.0) + value
 
 
-def _typed(name: str, kind: str, types: dict[str, str], reading: RouterReading) -> bool:
+def _typed(name: str, kind: str, types: dict[str, str], reading: _Draft) -> bool:
     found = types.get(name, types.get(name.removesuffix("_total")))
     if found is not None and found not in _EXPECTED_TYPE[kind]:
         reading.count("changed_type")
@@ -138,7 +167,7 @@ def _typed(name: str, kind: str, types: dict[str, str], reading: RouterReading) 
     return True
 
 
-def _decisions(samples: _Samples, schema: RouterSchema, reading: RouterReading,
+def _decisions(samples: _Samples, schema: RouterSchema, reading: _Draft,
                types: dict[str, str]) -> None:
     for sample, policy_label in schema.decisions:
         if not samples.get(sample) or not _typed(sample, "counter", types, reading):
@@ -152,7 +181,7 @@ def _decisions(samples: _Samples, schema: RouterSchema, reading: RouterReading,
             reading.decisions[policy] = max(reading.decisions.get(policy, 0.0), value)
 
 
-def _prediction(samples: _Samples, p: Prediction, reading: RouterReading,
+def _prediction(samples: _Samples, p: Prediction, reading: _Draft,
                 types: dict[str, str]) -> None:
     if p.histogram:
         sums, counts = samples.get(p.sample + "_sum"), samples.get(p.sample + "_count")
