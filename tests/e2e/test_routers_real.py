@@ -241,6 +241,8 @@ def test_a_cut_kv_feed_opens_the_gap_and_pages(tmp_path: Path) -> None:
                            'alertstate="firing"}')
             time.sleep(0.2)
         assert firing, f"not firing {time.monotonic() - cut:.1f}s after the cut: {query(gap)}"
+        print(f"gap before the cut {float(healthy[0]['value'][1]):.3f}; firing "
+              f"{time.monotonic() - cut:.1f}s after it, gap {query(gap)[0]['value'][1]}")
         assert firing[0]["metric"]["router"] == "router"
         assert time.monotonic() - cut >= 60 * 10 * scale  # not before its for:
     finally:
