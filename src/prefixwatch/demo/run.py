@@ -69,6 +69,11 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                    help="watch this vLLM /metrics URL instead of the simulator; repeat "
                         "(default: $VLLM_TARGETS or $PREFIXWATCH_TARGETS if set)")
     p.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
+    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
+                   help="what the simulated replicas stand in for: vLLM or SGLang (its radix "
+                        "cache, /metrics and KV events) (default vllm)")
+    p.add_argument("--page-size", type=int, default=1, metavar="N",
+                   help="with --engine sglang: SGLang's --page-size (default 1)")
     p.add_argument("--scenario",
                    help="workload before the switch (default static-system-prompt; with "
                         "--router, prefix-affinity)")
@@ -193,7 +198,8 @@ def run_demo(args: argparse.Namespace) -> int:
                 switch_to=None if routed else args.switch_to,
                 switch_at=None if routed else switch_at, rate=0 if routed else args.rate,
                 port=args.sim_port, request_log=log_path,
-                request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0))
+                request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0,
+                engine=args.engine, page_size=args.page_size))
             parts.add("the simulator", sim.stop, after="the exporter")
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
@@ -327,7 +333,8 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
     scale = args.time_scale
     lines = ["", "prefixwatch demo is running:"]
     if sim is not None:
-        lines += [f"  simulated vLLM replica {i}: {url}" for i, url in enumerate(sim.urls)]
+        engine = "SGLang" if args.engine == "sglang" else "vLLM"
+        lines += [f"  simulated {engine} replica {i}: {url}" for i, url in enumerate(sim.urls)]
         lines += [f"  KV events of replica {i}: {endpoint}"
                   for i, endpoint in enumerate(sim.kv_events_endpoints)]
         at = time.strftime("%H:%M:%S", time.localtime(time.time() + switch_at))

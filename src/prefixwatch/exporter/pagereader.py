@@ -311,6 +311,11 @@ class _PageParts:
         """The page's series, each with its engine's cache info and its tiers."""
         for key, values in self.series.items():
             values.cache_info = self.cache_info.get(key[1], {})
+            if (self.schema.server == "sglang" and "queries" in values.counters
+                    and "hits" not in values.counters
+                    and (self.tiers is None or key not in self.tiers.sources)):
+                # SGLang makes a cached-tokens child at a model's first cached token: none yet.
+                values.counters["hits"] = 0.0
             if self.tiers is not None:
                 self.tiers.fill(key, values)
         return Snapshot(self.schema, self.series)

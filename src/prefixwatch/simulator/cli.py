@@ -73,13 +73,19 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--routing", choices=["round-robin", "prefix-affinity"],
                    help="how the workload spreads over replicas (default: the scenario's)")
     p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
-                   help="metric names to serve (default vllm)")
+                   help="the engine each replica stands in for: vllm (vLLM V1's block cache, "
+                        "metrics and KV events) or sglang (SGLang's radix cache, metrics and "
+                        "KV events) (default vllm)")
+    p.add_argument("--page-size", type=int, default=defaults.page_size, metavar="N",
+                   help="with --engine sglang: tokens per page SGLang's radix cache matches "
+                        f"and stores by, as SGLang's --page-size (default {defaults.page_size})")
     p.add_argument("--model", default=defaults.model, help=f"model name (default {defaults.model})")
     p.add_argument("--block-size", type=int, default=defaults.block_size,
                    help=f"tokens per KV block (default {defaults.block_size})")
     p.add_argument("--kv-blocks", type=int, metavar="N",
                    help=f"KV pool size per replica in blocks (default: the scenario's, "
-                        f"else {defaults.num_blocks})")
+                        f"else {defaults.num_blocks}; SGLang's pool holds the same tokens, "
+                        f"N x --block-size)")
     p.add_argument("--offload-blocks", type=int, metavar="N",
                    help="give each replica a host (CPU) KV tier of N blocks, as vLLM's "
                         "SimpleCPUOffloadConnector (SGLang: HiCache host pool); default: the "
@@ -110,8 +116,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                    help="rotate the --request-log FILE to FILE.1 when it reaches MB megabytes "
                         "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
     p.add_argument("--kv-events-port", type=int, metavar="N",
-                   help="publish vLLM's KV cache event stream (ZMQ PUB, vLLM 0.33's wire "
-                        "format): replica i binds tcp://HOST:N+i, as `vllm serve "
+                   help="publish the engine's KV cache event stream (ZMQ PUB, vLLM 0.33's "
+                        "wire format, or SGLang's with --engine sglang): replica i binds "
+                        "tcp://HOST:N+i, as `vllm serve "
                         "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": "
                         "\"zmq\", \"endpoint\": \"tcp://*:N\"}'` does (0 = free ports; "
                         "default: off)")
@@ -241,6 +248,12 @@ def _engine_config(args: argparse.Namespace, scenario: Scenario) -> EngineConfig
     num_blocks = args.kv_blocks or scenario.num_blocks or EngineConfig().num_blocks
     if args.block_size < 1 or num_blocks < 2:
         raise ConfigError("--block-size must be >= 1 and --kv-blocks >= 2")
+    page_size = getattr(args, "page_size", 1)
+    if page_size < 1 or page_size > num_blocks * args.block_size:
+        raise ConfigError("--page-size must be >= 1 and fit the KV pool")
+    if page_size != 1 and args.engine != "sglang":
+        raise ConfigError("--page-size is SGLang's: give it with --engine sglang (vLLM's "
+                          "unit is --block-size)")
     offload_blocks = (args.offload_blocks if args.offload_blocks is not None
                       else scenario.offload_blocks or 0)
     if offload_blocks < 0:
@@ -251,7 +264,8 @@ def _engine_config(args: argparse.Namespace, scenario: Scenario) -> EngineConfig
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         time_per_output_token=args.time_per_output_token,
         kv_cache_metrics=args.kv_cache_metrics,
-        kv_cache_metrics_sample=args.kv_cache_metrics_sample, offload_blocks=offload_blocks)
+        kv_cache_metrics_sample=args.kv_cache_metrics_sample, offload_blocks=offload_blocks,
+        page_size=page_size)
     if not 0 <= args.kv_cache_metrics_sample <= 1:
         raise ConfigError("--kv-cache-metrics-sample must be between 0 and 1")
     return config

@@ -193,20 +193,24 @@ class PageMetrics:
             self._l("vllm:kv_block_reuse_gap_seconds").observe(gap)
 
     def _sglang_event(self, event: str, req: SimRequest) -> None:
-        self._generated(req, "sglang:generation_tokens")
+        """SGLang's scheduler sets the hit-rate gauge per prefill batch; its tokenizer manager
+        counts a request's prompt, generated and cached tokens (by source, a source only when
+        it served some) when the request finishes."""
         if event == "scheduled" and req.num_preemptions == 0:
-            self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
-            device = req.cached_tokens - req.external_cached_tokens
-            if device > 0:  # SGLang increments a source only when it served tokens
-                self._l("sglang:cached_tokens", cache_source="device").inc(device)
-            if req.external_cached_tokens > 0:
-                self._l("sglang:cached_tokens", cache_source="host").inc(
-                    req.external_cached_tokens)
             self._l("sglang:cache_hit_rate").set(self.engine.stats.last_batch_hit_rate)
             if req.first_token_at is not None:
                 self._l("sglang:time_to_first_token_seconds").observe(
                     req.first_token_at - req.arrival)
         elif event == "finished":
+            self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
+            self._l("sglang:generation_tokens").inc(len(req.output))
+            req.counted_output = len(req.output)
+            device = req.cached_tokens - req.external_cached_tokens
+            if device > 0:
+                self._l("sglang:cached_tokens", cache_source="device").inc(device)
+            if req.external_cached_tokens > 0:
+                self._l("sglang:cached_tokens", cache_source="host").inc(
+                    req.external_cached_tokens)
             self._l("sglang:num_requests").inc()
 
     # -- the page ------------------------------------------------------------------------------
@@ -223,7 +227,7 @@ class PageMetrics:
         else:
             self._l("sglang:num_running_reqs").set(running)
             self._l("sglang:num_queue_reqs").set(waiting)
-            self._l("sglang:token_usage").set(usage)
+            self._l("sglang:token_usage").set(round(usage, 2))  # SGLang rounds it
         if self.offload is not None:
             self._refresh_host_tier()
 
@@ -234,9 +238,12 @@ class PageMetrics:
         with eng.lock:
             loads, stores, evicted = tier.load_blocks, tier.stored_blocks, eng.pool.evictions
             used, pending, held = tier.used_blocks, tier.pending_store_blocks, tier.held_blocks
+            cache = getattr(eng, "cache", None)  # SGLang's radix cache counts in tokens
+            if cache is not None:
+                evicted = cache.evicted_tokens // tier.block_size
         seen_loads, seen_stores, seen_evicted = self._offload_seen
         self._offload_seen = (loads, stores, evicted)
-        bs = eng.config.block_size
+        bs = tier.block_size
         if self.server == "vllm":
             if loads > seen_loads:
                 self._l("vllm:simple_kv_offload_load_blocks").inc(loads - seen_loads)

@@ -26,6 +26,8 @@ from prefixwatch.simulator.kvpublisher import (
 )
 from prefixwatch.simulator.metrics import PageMetrics
 from prefixwatch.simulator.requestlog import RequestLogger
+from prefixwatch.simulator.sglangengine import SGLangEngine
+from prefixwatch.simulator.sglangevents import SGLangEventSink, encode_sglang_batch
 
 log = logging.getLogger("prefixwatch.simulate")
 
@@ -57,7 +59,7 @@ class Replica:
         self.request_log = request_log
         #: How a fleet log names this replica.
         self.name = f"replica-{index}"
-        self.engine = Engine(config)
+        self.engine = SGLangEngine(config) if server == "sglang" else Engine(config)
         self.engine.set_answer_vocabulary(self.tokenizer.answer_ids)
         self.metrics = PageMetrics(self.engine, server)
         self._thread = EngineThread(self.engine)
@@ -68,10 +70,12 @@ class Replica:
             self.kv_publisher = KVEventPublisher(
                 offset_endpoint(kv_events.endpoint, index), topic=kv_events.topic,
                 replay_endpoint=(offset_endpoint(kv_events.replay_endpoint, index)
-                                 if kv_events.replay_endpoint else None), bind=True)
+                                 if kv_events.replay_endpoint else None), bind=True,
+                encode=encode_sglang_batch if server == "sglang" else None)
             lora_ids = {name: i + 1 for i, name in enumerate(self.lora_modules)}
-            self.engine.attach_kv_events(KVEvents(
-                KVEventSink(config.block_size, lora_ids=lora_ids), self.kv_publisher))
+            sink = (SGLangEventSink() if server == "sglang"
+                    else KVEventSink(config.block_size, lora_ids=lora_ids))
+            self.engine.attach_kv_events(KVEvents(sink, self.kv_publisher))
 
     def start(self) -> None:
         if self.kv_publisher is not None:
@@ -159,12 +163,15 @@ def _wait(req: SimRequest) -> None:
         raise BadRequest(req.error, 503)
 
 
-def _usage(req: SimRequest) -> dict[str, Any]:
+def _usage(req: SimRequest, server: str = "vllm") -> dict[str, Any]:
+    details: dict[str, int] | None = {"cached_tokens": req.cached_tokens}
+    if server == "sglang" and not req.cached_tokens:
+        details = None  # SGLang (--enable-cache-report) leaves the details out at 0
     return {
         "prompt_tokens": req.num_prompt_tokens,
         "completion_tokens": len(req.output),
         "total_tokens": req.num_prompt_tokens + len(req.output),
-        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 
@@ -287,7 +294,7 @@ class ReplicaHandler(ReplyHandler):
             "choices": [{"index": 0, "text": self.replica.tokenizer.decode(req.output),
                          "logprobs": None, "finish_reason": req.finish_reason,
                          "stop_reason": None}],
-            "usage": _usage(req),
+            "usage": _usage(req, self.replica.server),
         })
 
     def _chat(self, body: dict[str, Any]) -> None:
@@ -303,7 +310,7 @@ class ReplicaHandler(ReplyHandler):
             "choices": [{"index": 0, "message": {
                 "role": "assistant", "content": self.replica.tokenizer.decode(req.output)},
                 "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}],
-            "usage": _usage(req),
+            "usage": _usage(req, self.replica.server),
         })
 
     def _tokenize(self, body: dict[str, Any]) -> None:

@@ -41,6 +41,8 @@ class Counters:
     requests: float  # finished (vLLM observes the prompt-length histogram at the finish)
     generated: float | None  # None: the engine has no generation counter
     running: float
+    #: The engine (the page's schema): how its stream shows what it computed.
+    engine: str = "vllm"
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,12 @@ def _counters(view: TargetView, model: str) -> Counters | None:
         hist = values.histograms.get("prompt_len")
         if hist is not None:
             requests += hist.count
+        requests += values.counters.get("finished_requests", 0.0)  # SGLang counts them
         if "generation_tokens" in values.counters:
             generated = (generated or 0.0) + values.counters["generation_tokens"]
         running += values.gauges.get("running", 0.0)
-    return Counters(figures.lifetime_queries, cached, requests, generated, running)
+    engine = view.schema.server if view.schema is not None else "vllm"
+    return Counters(figures.lifetime_queries, cached, requests, generated, running, engine)
 
 
 def _computed(source: KvSource) -> tuple[str | None, dict[str, int]] | None:
@@ -185,7 +189,8 @@ class EventLedgers:
         computed = {p: last.computed[p] - start.computed[p] for p in exposition.KV_COMPUTED_PARTS}
         edges = (bs * round(a.running) + last.moved, bs * round(b.running) + start.moved)
         return Span(prompt, requests, event_shares(
-            prompt, round(b.cached - a.cached), computed, requests, bs, output, edges))
+            prompt, round(b.cached - a.cached), computed, requests, bs, output, edges,
+            engine=b.engine))
 
     def counters(self, model: str, counted: dict[str, int]) -> dict[str, int]:
         """The model's ledger counters as written: each never lower than it was. The stream
