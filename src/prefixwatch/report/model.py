@@ -112,6 +112,9 @@ class ReportData:
     phase_note: str = ""
     notes: list[str] = field(default_factory=list)
     divergence: dict | None = None
+    #: The model's ladder at the end of the range (core/kv/ladder.py): its window, and each
+    #: rung's hit ratio, as text lines; None when the exporter wrote none.
+    ladder: tuple[str, list[str]] | None = None
 
     @property
     def ratio_label(self) -> str:
