@@ -89,11 +89,13 @@ def test_a_decode_step_continuing_the_last_store_never_gains() -> None:
     assert m.snapshot().whatif["4"] == 0
 
 
-def test_without_a_pool_size_there_is_no_what_if() -> None:
+def test_without_a_pool_size_there_is_no_what_if_until_it_is_known() -> None:
     m = mirror(None)
     a = toks(5, 1)
     feed(m, stored([1], tokens=a), removed([1]), stored([2], tokens=a))
     assert m.snapshot().whatif == {} and m.snapshot().pool_blocks is None
+    m.whatif.set_pool(8)  # the first poll: what was stored again before it counts
+    assert m.snapshot().whatif == {"1.25": BS, "1.5": BS, "2": BS, "4": BS}
 
 
 def test_all_blocks_cleared_forgets_the_ghosts() -> None:

@@ -80,6 +80,13 @@ def test_the_exporters_what_if_is_the_larger_pools_hit_ratio() -> None:
             assert delivered.prompt == prompt_tokens
             assert abs(whatif / prompt_tokens - delivered.ratio) <= 0.03, (scale, whatif,
                                                                            delivered)
+        # The routers' ladder takes its capacity rung from the what-if at 2x the pool: one
+        # replica, no routing part, so the rung is that pool's hit ratio.
+        ladder = [v for (name, labels), v in got.items()
+                  if name == "prefixwatch_ladder_hit_ratio" and ("rung", "capacity") in labels]
+        assert ladder, "the ladder has a capacity rung"
+        twice = poolcheck.run(2 * POOL, work).ratio
+        assert all(abs(v - twice) <= 0.05 for v in ladder), (ladder, twice)
         base = poolcheck.run(POOL, work)
         assert poolcheck.run(2 * POOL, work).ratio - base.ratio > 0.1  # a real curve
         # The landing page draws the curve and says it in words.

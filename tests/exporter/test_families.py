@@ -58,8 +58,16 @@ def test_every_row_is_read_from_a_page(monitors: list[TargetMonitor]) -> None:
             v = state.values
             seen |= set(v.counters) | set(v.gauges) | set(v.histograms)
     for row in families.FAMILIES:
-        if row.extra != "tier" and row.reads:
+        if row.extra != "tier" and row.reads and row.source == "engine":
             assert row.role in seen, row.role
+
+
+def router_pages() -> list[str]:
+    """Between them, every router row: vllm-router's kv_aware page and smg's with its KV
+    event feed's gaps."""
+    from tests.exporter.test_routers import SMG_FEED, page
+
+    return [page("vllm_router_kv_aware"), page("smg_cache_aware") + SMG_FEED]
 
 
 #: The KV event recordings' replicas: between them every KV family (a host tier in offload).
@@ -77,10 +85,12 @@ def kv_exporter(tmp_path) -> Exporter:
     cfg.write_text(yaml.safe_dump({"targets": [
         {"url": f"http://127.0.0.1:{i + 1}/metrics", "name": f"{name}-{r}",
          "kv_events": f"tcp://127.0.0.1:{i + 1}"} for i, (name, r) in enumerate(STREAMS)] + [
-        {"url": f"http://127.0.0.1:{i + 9}/metrics", "name": f"t{i}"} for i in range(2)]}))
+        {"url": f"http://127.0.0.1:{i + 9}/metrics", "name": f"t{i}"} for i in range(2)] + [
+        {"url": f"http://127.0.0.1:{i + 11}/metrics", "name": f"router-{i}", "kind": "router"}
+        for i in range(2)]}))
     exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), windows=["1m"]), environ={}))
     now = time.time()
-    final = [*(page_of(*stream) for stream in STREAMS), *pages()]
+    final = [*(page_of(*stream) for stream in STREAMS), *pages(), *router_pages()]
     first = [*map(zeroed, final[:len(STREAMS)]), *final[len(STREAMS):]]
     for mon, page in zip(exp.monitors, first, strict=True):
         mon.ingest(page, now - 10)

@@ -213,6 +213,49 @@ class Prom:
         self.proc.wait(timeout=10)
 
 
+class GrowingRouterPage:
+    """vllm-router's recorded kv_aware page (tests/fixtures/routers/) on 127.0.0.1, its
+    workers renamed to ``workers`` and every count multiplied by the seconds since start."""
+
+    def __init__(self, workers: list[str]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from tests.exporter.test_routers import page
+
+        text = page("vllm_router_kv_aware")
+        for old, new in zip(("127.0.0.1:47100", "127.0.0.1:47101"), workers, strict=True):
+            text = text.replace(old, new)
+        started = time.monotonic()
+
+        def body() -> bytes:
+            k = 1 + int(time.monotonic() - started)
+            return re.sub(r"^(vllm_router_\w+(?:\{[^}]*\})?) (\d+)$",
+                          lambda m: f"{m.group(1)} {int(m.group(2)) * k}", text,
+                          flags=re.M).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                data = body()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
@@ -240,10 +283,13 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
               for i in range(2)]
     for s in sims + sglang:
         s.start()
+    # A router in front of the vLLM replicas (the router panels): vllm-router 0.1.17's
+    # recorded kv_aware page, its workers the replicas, its counts growing with time.
+    router = GrowingRouterPage([f"127.0.0.1:{s.port}" for s in sims])
     exporter = Exporter(ExporterConfig(
         targets=name_targets([TargetConfig(f"http://127.0.0.1:{s.port}/metrics",
                                            kv_events=s.replica.kv_publisher.endpoint)
-                              for s in sims]),
+                              for s in sims] + [TargetConfig(router.url, name="router")]),
         interval=0.5, listen_address="127.0.0.1:0", windows=("1m",), diagnosis_window="15s",
         requests_log=RequestsLogConfig(str(log_path), follow=True)))
     exporter.start()
@@ -302,6 +348,7 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
         for prom in proms.values():
             prom.stop()
         exporter.stop()
+        router.close()
         for s in sims + sglang:
             s.stop()
         log_stream.close()

@@ -39,6 +39,8 @@ from prefixwatch.demo.backends import (
     scaled,
 )
 from prefixwatch.demo.pager import NotificationPrinter
+from prefixwatch.demo.routers import BINARIES as router_binaries
+from prefixwatch.demo.routers import RoutedWorkload, install_hint
 from prefixwatch.demo.shutdown import Shutdown, Skipped, skippable
 from prefixwatch.exporter.config import ConfigFlags, build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
@@ -72,8 +74,9 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                         "cache, /metrics and KV events) (default vllm)")
     p.add_argument("--page-size", type=int, default=1, metavar="N",
                    help="with --engine sglang: SGLang's --page-size (default 1)")
-    p.add_argument("--scenario", default="static-system-prompt",
-                   help="workload before the switch (default static-system-prompt)")
+    p.add_argument("--scenario",
+                   help="workload before the switch (default static-system-prompt; with "
+                        "--router, prefix-affinity)")
     p.add_argument("--switch-to", default="timestamp-at-top",
                    help="workload after the switch (default timestamp-at-top)")
     p.add_argument("--switch-at", metavar="DURATION",
@@ -102,6 +105,15 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                         "1 = real time")
     p.add_argument("--duration", metavar="DURATION",
                    help="stop after this long, in wall-clock time (not scaled)")
+    p.add_argument("--router", choices=tuple(router_binaries), metavar="KIND",
+                   help="put a real router (vllm-router or smg: pip install "
+                        "'prefixwatch[routers]') between the workload and the simulated "
+                        "replicas, with the prefix-aware policy; at --switch-at routing "
+                        "degrades: the router is restarted with round_robin (the workload "
+                        "defaults to prefix-affinity's 24 tenants)")
+    p.add_argument("--router-policy", metavar="POLICY",
+                   help="the router's policy before the switch (default: vllm-router "
+                        "kv_aware, smg prefix_hash)")
     p.add_argument("--report-on-exit", action="store_true",
                    help="write the incident report of the run (prefixwatch report) when "
                         "--duration ends too, not only on Ctrl-C")
@@ -158,6 +170,7 @@ def run_demo(args: argparse.Namespace) -> int:
         log.warning("Prometheus and Alertmanager are not installed, so no alert rules run "
                     "here; install them with: %s", INSTALL_HINT)
     _check_ports(args, simulate=not targets, backends=with_backends)
+    _check_router(args, targets)
     with contextlib.ExitStack() as cleanup:
         if args.data_dir:
             state = Path(args.data_dir)
@@ -179,16 +192,22 @@ def run_demo(args: argparse.Namespace) -> int:
             log_path = str(state / "requests.log")
             # Each replica also publishes vLLM's KV event stream (on a free port), and the
             # exporter subscribes to it: the "why these tokens were computed" ledger.
+            routed = args.router is not None
             sim = build_simulation(simulation_args(
-                replicas=args.replicas, scenario=args.scenario, switch_to=args.switch_to,
-                switch_at=switch_at, rate=args.rate, port=args.sim_port, request_log=log_path,
+                replicas=args.replicas, scenario=_scenario(args),
+                switch_to=None if routed else args.switch_to,
+                switch_at=None if routed else switch_at, rate=0 if routed else args.rate,
+                port=args.sim_port, request_log=log_path,
                 request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0,
                 engine=args.engine, page_size=args.page_size))
             parts.add("the simulator", sim.stop, after="the exporter")
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
+        routed_workload = _routed(args, sim, state, switch_at, parts)
         config = build_config(ConfigFlags(
-            targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
+            targets=_with_kv_events(targets, sim) + (
+                [{"url": routed_workload.spec.metrics_url, "name": "router", "kind": "router"}]
+                if routed_workload else []), listen_address=args.listen_address,
             interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
             windows=[scaled(w, scale) for w in exposition.DEFAULT_WINDOWS] if scale != 1 else None,
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
@@ -196,6 +215,8 @@ def run_demo(args: argparse.Namespace) -> int:
         exporter = Exporter(config)
         if sim is not None:
             sim.start()
+        if routed_workload is not None:
+            _start_routed(args, routed_workload, switch_at)
         try:
             exporter.start()
         except OSError as exc:
@@ -215,8 +236,8 @@ def run_demo(args: argparse.Namespace) -> int:
             parts.add_with_deadline("Prometheus and Alertmanager",
                                     lambda deadline: backends.stop(deadline - KILL_MARGIN))
             backends.start(binaries[0], binaries[1], printer.url)  # type: ignore[arg-type]
-        print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at),
-              flush=True)
+        print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at,
+                       routed_workload), flush=True)
         began = time.time()
         received = wait_for_signal(duration)
         # Ctrl-C is someone at the terminal who wants the run's report; SIGTERM is a
@@ -228,6 +249,49 @@ def run_demo(args: argparse.Namespace) -> int:
             log.info("SIGTERM: stopping without the incident report (Ctrl-C writes one)")
     log.info("demo stopped")
     return 0
+
+
+def _check_router(args: argparse.Namespace, targets: list[str] | None) -> None:
+    """--router needs the simulated replicas and the router's binary (or says how to get it)."""
+    if not args.router:
+        return
+    if targets:
+        raise ConfigError("--router puts a router in front of the simulated replicas; it "
+                          "cannot be combined with --vllm")
+    hint = install_hint(args.router)
+    if hint:
+        raise ConfigError(hint)
+
+
+def _routed(args: argparse.Namespace, sim, state: Path, switch_at: float,  # noqa: ANN001
+            parts: Shutdown) -> RoutedWorkload | None:
+    """With --router (and the simulator): the workload through the real router, stopped
+    with the demo's other parts."""
+    if sim is None or not args.router:
+        return None
+    from prefixwatch.simulator.driver import get_scenario
+
+    routed = RoutedWorkload(args.router, args.router_policy, sim,
+                            get_scenario(_scenario(args)), args.rate, state, switch_at)
+    parts.add("the router", routed.stop, after="the exporter")
+    return routed
+
+
+def _start_routed(args: argparse.Namespace, routed: RoutedWorkload, switch_at: float) -> None:
+    try:
+        routed.start()
+    except (RuntimeError, OSError) as exc:
+        raise ConfigError(f"{args.router} did not start: {exc}") from exc
+    log.info("workload %s at %g req/s through %s (%s) at %s; routing degrades (round_robin) "
+             "after %gs", _scenario(args), args.rate, args.router, routed.spec.policy,
+             routed.spec.url, switch_at)
+
+
+def _scenario(args: argparse.Namespace) -> str:
+    """The workload: the one asked for; with a router, 24 tenants (prefix-affinity's)."""
+    if args.scenario:
+        return args.scenario
+    return "prefix-affinity" if args.router else "static-system-prompt"
 
 
 def _with_kv_events(targets: list[str], sim) -> list:  # noqa: ANN001 - a Simulation or None
@@ -264,7 +328,7 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
 
 def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Exporter,
              backends: Backends | None, printer: NotificationPrinter | None, state: Path,
-             switch_at: float) -> str:
+             switch_at: float, routed: RoutedWorkload | None = None) -> str:
     host = exporter.config.listen_host_port[0]
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scale = args.time_scale
@@ -275,10 +339,17 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
         lines += [f"  KV events of replica {i}: {endpoint}"
                   for i, endpoint in enumerate(sim.kv_events_endpoints)]
         at = time.strftime("%H:%M:%S", time.localtime(time.time() + switch_at))
-        lines.append(f"  workload: {args.scenario}, switching to {args.switch_to} at {at} "
-                     f"(in {switch_at:.0f}s)")
+        if args.router:
+            lines.append(f"  workload: {_scenario(args)} through {args.router}, routing "
+                         f"degrades (round_robin) at {at} (in {switch_at:.0f}s)")
+        else:
+            lines.append(f"  workload: {_scenario(args)}, switching to {args.switch_to} at "
+                         f"{at} (in {switch_at:.0f}s)")
     else:
         lines += [f"  watching vLLM: {u}" for u in targets]
+    if routed is not None:
+        lines.append(f"  router:        {args.router} ({routed.spec.policy}) at {routed.spec.url}, "
+                     f"its metrics at {routed.spec.metrics_url}")
     lines.append(f"  exporter:      http://{host}:{exporter.port}/  (metrics at /metrics)")
     if backends is not None and printer is not None:
         prom = backends.prometheus_url

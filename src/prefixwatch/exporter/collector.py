@@ -37,6 +37,7 @@ from prefixwatch.exporter.kvsubscriber.whatif import add_whatif_families
 from prefixwatch.exporter.monitor import TargetView, WindowFigures
 from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
+from prefixwatch.exporter.routers.emit import add_router_families, router_views
 
 
 class DiagnosisState:
@@ -157,6 +158,7 @@ class PrefixwatchCollector(Collector):
             add_whatif_families(family, self.kv_ledgers)
         if self.view is not None:
             self._collect_requests(family, views, evented)
+        add_router_families(family, router_views(views))
         yield from fam.values()
 
     def _collect_diagnosis(self, family, up: set[str]) -> None:

@@ -47,6 +47,11 @@ class TargetConfig:
     #: The device KV pool in blocks, for the pool what-if when the engine's page does not say
     #: (vLLM's num_gpu_blocks of vllm:cache_config_info wins when it does); None: the page's.
     kv_pool_blocks: int | None = None
+    #: ``router`` for a router's page, ``engine`` for an engine's, "" to tell from the page.
+    kind: str = ""
+    #: A router's worker URL -> the name of the engine target that serves it (besides the
+    #: match by URL).
+    workers: tuple[tuple[str, str], ...] = ()
 
     @property
     def display_url(self) -> str:
@@ -151,7 +156,7 @@ def name_targets(targets: list[TargetConfig]) -> tuple[TargetConfig, ...]:
 _LIMIT_KEYS = ("max_body_bytes", "max_series", "max_models", "max_label_length", "max_buckets")
 _KV_TARGET_KEYS = ("kv_events", "kv_events_replay", "kv_events_topic", "kv_pool_blocks")
 _TARGET_KEYS = {"url", "name", "timeout", "bearer_token_file", "tls_verify", "ca_file",
-                *_LIMIT_KEYS, *_KV_TARGET_KEYS}
+                *_LIMIT_KEYS, *_KV_TARGET_KEYS, "kind", "workers"}
 _TOP_KEYS = {"targets", "interval", "listen_address", "windows", "otlp_endpoint",
              "target_defaults", "requests_log", "web_config_file", "kv_events_listen",
              "kv_events_topics",
@@ -207,16 +212,33 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
             **{k: validate_zmq_endpoint(entry[k], where) for k in ("kv_events", "kv_events_replay")
                if entry.get(k)},
             kv_events_topic=str(entry.get("kv_events_topic") or ""),
+            kind=str(entry.get("kind") or ""),
+            workers=_workers_map(entry.get("workers"), where),
             kv_pool_blocks=_pool_blocks(merged.get("kv_pool_blocks"), where),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+    if target.kind not in exposition.TARGET_KINDS:
+        raise ConfigError(f"{where}: kind {target.kind!r} is not one of "
+                          f"{', '.join(repr(k) for k in exposition.TARGET_KINDS if k)}")
+    if target.workers and target.kind != exposition.TARGET_KIND_ROUTER:
+        raise ConfigError(f"{where}: workers: is for a router target (kind: router)")
     if target.timeout <= 0 or any(getattr(target, k) <= 0 for k in _LIMIT_KEYS):
         raise ConfigError(f"{where}: timeout and {', '.join(_LIMIT_KEYS)} must be positive")
     for path in (target.bearer_token_file, target.ca_file):
         if path and not Path(path).is_file():
             raise ConfigError(f"{where}: file {path!r} does not exist")
     return target
+
+
+def _workers_map(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A router's ``workers:`` map: worker URL (as the router names it) -> engine target name."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise ConfigError(f"{where}: workers must map worker URLs to target names")
+    return tuple(value.items())
 
 
 def load_file(path: str | None) -> ConfigFile:
@@ -382,6 +404,11 @@ def _validate(cfg: ExporterConfig, flags: ConfigFlags, cf: ConfigFile) -> None:
         except ConfigError as exc:
             raise ConfigError(f"{at('otlp_endpoint', flags.otlp_endpoint)}: {exc}") from None
     known = {t.name for t in cfg.targets}
+    for t in cfg.targets:
+        for worker, name in t.workers:
+            if name not in known:
+                raise ConfigError(f"target {t.name!r}: workers: {redact_url(worker)!r} names no "
+                                  f"target ({name!r})")
     for topic, name in cfg.kv_events_topics.items():
         if name not in known:
             raise ConfigError(f"kv_events_topics: topic {topic!r} names no target ({name!r})")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.diagnosis import Diagnosis
 from prefixwatch.core.kv.eventledger import event_table
+from prefixwatch.core.kv.ladder import ladder
+from prefixwatch.core.kv.ladder import lines as ladder_lines
 from prefixwatch.core.version import __version__
 from prefixwatch.core.vocab import tiers
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
@@ -51,7 +53,8 @@ def render_landing(page: LandingInputs) -> str:
     rows = []
     for view in page.targets:
         state = "up" if view.up else ("not polled yet" if not view.polled else "down")
-        schema = view.schema.schema if view.schema and view.up else ""
+        schema = view.schema.schema if view.schema and view.up else (
+            f"router ({view.router.kind})" if view.router is not None and view.up else "")
         # Over a limit, the page was read but series were left out: say which.
         error = view.last_error if not view.up else (
             f"limit reached: {view.limit_note} (docs/configuration.md#limits)"
@@ -174,6 +177,11 @@ def event_ledger_section(page: LandingInputs, window: str | None) -> str:
                 out.append(f"<p>{html.escape(title)}: no prompt tokens in the window yet.</p>")
                 continue
             lines = event_table(span.shares, span.prompt)
+            if title == model:  # the model's ladder: what each fix is worth
+                lines += ["", "The ladder (hit ratio with each fix added; docs/routers.md):",
+                          *("  " + line for line in ladder_lines(ladder(
+                              span.shares, span.prompt, ledgers.whatif.capacity(model,
+                                                                                seconds))))]
             out.append(f"<h3>{html.escape(title)}</h3><pre>"
                        + html.escape("\n".join(lines)) + "</pre>")
     return "".join(out)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from prefixwatch.core.version import __version__
-from prefixwatch.core.vocab import exposition, families, tiers
+from prefixwatch.core.vocab import exposition, families, routers, tiers
 from prefixwatch.core.vocab.schemas import SourceSchema
 from prefixwatch.core.vocab.windows import (
     HistoryView,
@@ -44,6 +44,7 @@ from prefixwatch.exporter.pagereader import (
     Snapshot,
     read_page,
 )
+from prefixwatch.exporter.routers.page import RouterReading, read_router_page
 from prefixwatch.exporter.scrape import Aborted, Fetcher
 
 log = logging.getLogger("prefixwatch.exporter")
@@ -158,6 +159,11 @@ class TargetView:
     #: Each model's gauges over the diagnosis' span: (time, kv usage, waiting requests).
     gauges: Mapping[str, tuple[tuple[float, float, float], ...]] = field(
         default_factory=lambda: _EMPTY)
+    #: A router's target: what its last page said (None: an engine, or not read yet).
+    router: RouterReading | None = None
+    #: What the router's pages could not use, by reason (cumulative).
+    router_errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(
+        dict.fromkeys(exposition.ROUTER_ERROR_REASONS, 0)))
 
     @property
     def name(self) -> str:
@@ -221,6 +227,7 @@ class TargetMonitor:
         self._state: tuple[bool, str | None] | None = None
         self._schema: str | None = None
         self._switches: set[tuple[str, str]] = set()  # schema changes already logged
+        self._router_errors = dict.fromkeys(exposition.ROUTER_ERROR_REASONS, 0)
         self._view = TargetView(target)
 
     @property
@@ -252,15 +259,12 @@ class TargetMonitor:
     def ingest(self, text: str, now: float, duration_started: float | None = None) -> None:
         """Read a page's text as if just polled at ``now``; never raises."""
         started = duration_started if duration_started is not None else time.monotonic()
-        try:
-            snapshot = read_page(text, self._labels, self._limits)
-        except PageError as exc:
-            self._fail(exc, time.monotonic() - started)
+        kind = self.target.kind
+        if kind == exposition.TARGET_KIND_ROUTER or (kind == "" and routers.detect(text)):
+            self._ingest_router(text, now, started)
             return
-        except Exception as exc:  # pragma: no cover - same as above
-            log.exception("target %s: unexpected error while reading the page", self.name)
-            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
-                       time.monotonic() - started)
+        snapshot = self._read(read_page, text, started, self._labels, self._limits)
+        if snapshot is None:
             return
         note = ", ".join(f"{n} dropped ({reason})" for reason, n in sorted(
             snapshot.dropped.items()))
@@ -282,6 +286,39 @@ class TargetMonitor:
             log.warning("target %s: over a limit, series left out: %s (docs/configuration.md"
                         "#limits)", self.name, note)
 
+    def _read(self, reader, text: str, started: float, *args):  # noqa: ANN001, ANN202
+        """``reader(text, *args)``, or None with the failure recorded (never raises)."""
+        try:
+            return reader(text, *args)
+        except PageError as exc:
+            self._fail(exc, time.monotonic() - started)
+        except Exception as exc:  # pragma: no cover - a bug must not stop the other targets
+            log.exception("target %s: unexpected error while reading the page", self.name)
+            self._fail(PageError("parse", f"unexpected: {type(exc).__name__}"),
+                       time.monotonic() - started)
+        return None
+
+    def _ingest_router(self, text: str, now: float, started: float) -> None:
+        """A router's page: what it counted, kept as the router exports it (Prometheus takes
+        the rates); the engine figures stay empty, so the fleet and the diagnosis pass it by."""
+        reading = self._read(read_router_page, text, started, None, self._labels,
+                             self._limits)
+        if reading is None:
+            return
+        with self._lock:
+            first = self._view.router is None
+            for reason, n in reading.errors.items():
+                self._router_errors[reason] = self._router_errors.get(reason, 0) + n
+            self._view = TargetView(
+                self.target, up=True, polled=True, scrape_duration=time.monotonic() - started,
+                last_success=now, last_polled=time.monotonic(),
+                errors=MappingProxyType(dict(self._errors)), router=reading,
+                router_errors=MappingProxyType(dict(self._router_errors)))
+        if first:
+            log.info("target %s is a router (%s), %d worker(s)", self.name, reading.kind,
+                     len(reading.workers))
+        self._log_state(True, None, "")
+
     def _fail(self, exc: PageError, duration: float) -> None:
         with self._lock:
             self._errors[exc.reason] = self._errors.get(exc.reason, 0) + 1
@@ -301,8 +338,9 @@ class TargetMonitor:
             if previous is not None:
                 log.info("target %s is up again", self.name)
             else:
-                schema = self._view.schema
-                log.info("target %s is up (%s)", self.name, schema.schema if schema else "?")
+                view = self._view
+                log.info("target %s is up (%s)", self.name, view.schema.schema if view.schema
+                         else view.router.kind if view.router else "?")
         else:
             log.warning("target %s is down: %s: %s", self.name, reason, detail)
 

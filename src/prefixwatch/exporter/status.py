@@ -43,6 +43,8 @@ class StatusRow:
     lifetime_effective: float | None = None
     #: Share of the gap's prompt tokens by tier, and "recomputed" for the rest.
     tier_split: dict[str, float] | None = None
+    #: What a router target said (its rows have schema ``router``).
+    note: str = ""
 
 
 def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
@@ -51,6 +53,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     monitors = [TargetMonitor(t, windows, gap, extra_windows=(gap,)) for t in config.targets]
     for mon in monitors:
         mon.poll()
+    first = {mon.name: mon.view.router for mon in monitors}
     time.sleep(gap)
     for mon in monitors:
         mon.poll()
@@ -59,8 +62,10 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     evidence = {view.name: evidence_for(view, now, gap) for view in views if view.up}
     found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),
                      config.hit_ratio_mode)
-    rows: list[StatusRow] = []
+    rows: list[StatusRow] = router_rows(views, first)
     for view in views:
+        if view.up and view.router is not None:
+            continue  # a router: its row is router_rows'
         if not view.up or view.schema is None:
             rows.append(StatusRow(view.name, "-", "-", "-",
                                   error=f"{view.reason}: {view.last_error}"))
@@ -99,6 +104,30 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     return rows
 
 
+def router_rows(views: list, first: dict) -> list[StatusRow]:
+    """A row per router target: its kind, its workers and the engine targets they matched,
+    and what it believed over the gap (its predicted hits over its predictions)."""
+    from prefixwatch.exporter.routers.emit import router_views
+
+    rows = []
+    for view in router_views(views):
+        if not view.up:
+            continue
+        before = first.get(view.name)
+        hits = total = 0.0
+        for source, (h, n) in view.reading.predictions.items():
+            h0, n0 = before.predictions.get(source, (0.0, 0.0)) if before else (0.0, 0.0)
+            hits, total = hits + h - h0, total + n - n0
+        believed = f"believed {hits / total:.1%} over the gap" if total > 0 else (
+            "no prediction in the gap")
+        matched = ", ".join(f"{w} -> {t}" for w, t in sorted(view.matched.items()))
+        unmatched = ", ".join(f"{w} ({why})" for w, why in sorted(view.unmatched.items()))
+        rows.append(StatusRow(view.name, "-", view.kind, "router", note=(
+            f"router: {believed}; workers {matched or 'none matched'}"
+            + (f"; unmatched {unmatched}" if unmatched else ""))))
+    return rows
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.1%}"
 
@@ -112,7 +141,7 @@ def render(rows: list[StatusRow], gap: float) -> str:
                "EFF(life)", "QTOK/S", "TTFT p50", "TTFT p95", "KV USE", "BLOCK", "NOTE")
     table = [headers]
     for r in rows:
-        note = r.error
+        note = r.error or r.note
         if not note and r.caching_enabled is False:
             note = "prefix caching is OFF"
         elif not note and r.gap_ratio is None:
@@ -136,7 +165,7 @@ def render(rows: list[StatusRow], gap: float) -> str:
                               if v > 0 or t in (tiers.TIER_DEVICE, "recomputed"))
             lines.append(f"  {r.target} {r.model}: {parts}")
     summaries = {c.name: c.summary for c in causes.CAUSES}
-    diagnosed = [r for r in rows if not r.error]
+    diagnosed = [r for r in rows if not r.error and r.schema != "router"]
     if diagnosed:
         lines += ["", f"Diagnosis over the {gap:g}s gap (rules: docs/runbooks.md#diagnosis; "
                       "prefix_divergence and routing_spread need the exporter's --requests-log):"]
@@ -199,9 +228,27 @@ class EventLedgerStatus:
                 curve = exp.kv_ledgers.whatif.curve([name], None)
                 if curve is not None:  # the pool what-if over the same gap
                     lines.append(f"    KV pool: {verdict(curve, span.shares)}")
+            lines += ladder_status(exp)
             return lines
         finally:
             exp.kv.stop()
+
+
+def ladder_status(exp) -> list[str]:
+    """Each model's ladder over the gap (its targets summed): what each fix is worth."""
+    from prefixwatch.core.kv.ladder import ladder
+    from prefixwatch.core.kv.ladder import lines as ladder_lines
+
+    out = []
+    for model in sorted(exp.kv_ledgers.models()):
+        span = exp.kv_ledgers.model_span(model, None)
+        rungs = (ladder(span.shares, span.prompt, exp.kv_ledgers.whatif.capacity(model, None))
+                 if span is not None else {})
+        if rungs:
+            out += ["", f"The ladder of {model} (hit ratio with each fix added; "
+                        "docs/routers.md#the-ladder):", *("  " + line
+                                                        for line in ladder_lines(rungs))]
+    return out
 
 
 def event_ledger_status(config: ExporterConfig) -> EventLedgerStatus | None:

@@ -35,6 +35,7 @@ from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.config import prom_duration
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, promql_regex_literal, promql_string
+from prefixwatch.mixin.routerrules import RouterRules
 
 #: How a description's diagnosis begins while no cause is named (a fast page can come first).
 NOT_YET = "none so far"
@@ -272,6 +273,7 @@ class Alerts(Exprs):
             ))
         out += self.tier_alerts()
         out += KVRules(self.src.name, self.cfg).alerts(self)
+        out += RouterRules(self.src.name, self.cfg).alerts(self)
         out.append(self.alert(ALERT_ABSENT, self.absent_expr(), "5m", "warning",
                               "Prefix-cache metrics are missing"
                               "{{ if $labels.target }} for {{ $labels.target }}{{ end }}.",

@@ -50,6 +50,7 @@ from prefixwatch.mixin.promtoolinput import (
     render_annotation,
     sample,
 )
+from prefixwatch.mixin.routertests import router_cases
 from prefixwatch.mixin.rules import Builder
 from prefixwatch.mixin.sources import EXPORTER_JOB
 from prefixwatch.mixin.tiercases import TierCases
@@ -228,6 +229,7 @@ class Cases(TierCases):
             write()
         self.tier_cases(self.case)
         kv_cases(self, self.case, Phase)
+        router_cases(self, self.case, Phase)
         return self.out
 
     def paged_case(self, phases: list[Phase], start: float) -> tuple[PageTimes, list[dict]]:

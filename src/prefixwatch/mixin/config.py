@@ -110,6 +110,14 @@ class MixinConfig:
     #: the alert), over ``kv_window`` for ``kv_for``.
     kv_window: str = "15m"
     kv_for: str = "15m"
+    #: PrefixCacheRouterIndexStale: a router's predicted hit share this far above the hit
+    #: ratio its engines deliver (token-weighted), over ``router_window``, for ``router_for``.
+    router_gap: float = 0.3
+    router_window: str = "5m"
+    router_for: str = "10m"
+    #: PrefixCacheRouterKVFeedDegraded: the router's own KV event feed reports gaps, resyncs
+    #: or failures within ``router_window``, for this long.
+    router_feed_for: str = "5m"
     runbook_url_pattern: str = rulenames.DEFAULT_RUNBOOK_URL_PATTERN
     evaluation_interval: str = "15s"
     #: Multiplies every window and `for` (tests and the demo run the same rules in seconds).
@@ -291,12 +299,13 @@ def _dashboards(value: Any, cf: ConfigFile) -> DashboardSettings:
 
 def _check(cfg: MixinConfig, cf: ConfigFile) -> None:
     for name in ("hit_ratio_threshold", "regression_drop", "outlier_gap", "kv_usage_high",
-                 "offload_failure_share", "critical_collapse_share"):
+                 "offload_failure_share", "critical_collapse_share", "router_gap"):
         settings.check_share(name, getattr(cfg, name), cf.where(name))
     for name in ("cold_start", "evaluation_interval", "critical_short_window",
                  "critical_long_window", "critical_for", "warning_window", "warning_for",
                  "regression_window", "regression_for", "baseline_window", "baseline_offset",
-                 "eviction_for", "tier_for", "kv_window", "kv_for"):
+                 "eviction_for", "tier_for", "kv_window", "kv_for", "router_window",
+                 "router_for", "router_feed_for"):
         settings.check_duration(name, getattr(cfg, name), cf.where(name))
     if parse_duration(cfg.critical_short_window) >= parse_duration(cfg.critical_long_window):
         raise ConfigError(f"{cf.where('critical_short_window')}: critical_short_window must be "

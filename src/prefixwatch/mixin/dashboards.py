@@ -85,6 +85,8 @@ def overview(source_name: str = "exporter", cfg: MixinConfig | None = None) -> g
         p.where_misses_go()
     p.capacity()
     p.external_cache()
+    p.router_belief()
+    p.router_decisions()
     p.scrape_health(w=24)
     return _dashboard("overview", "Prefix cache overview", p,
                       "Is the prefix cache working, since when not, on which model and "

@@ -28,10 +28,13 @@ from prefixwatch.core.vocab.rulenames import (
     r_prompt,
     r_ratio,
     r_recomputed,
+    r_router_believed,
+    r_router_delivered,
 )
 from prefixwatch.mixin.kvrules import KV_DASHBOARD_WINDOW
 from prefixwatch.mixin.panelbase import PanelBase
 from prefixwatch.mixin.promql import tier_rates
+from prefixwatch.mixin.routerrules import ROUTER_DASHBOARD_WINDOW
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
@@ -172,6 +175,45 @@ class Panels(PanelBase):
             targets=[self.target(expr, legend, "A")],
             unit="percentunit", valueMin=0, valueMax=1,
             stacking={"mode": "normal", "group": "A"}, fillOpacity=50), w, h)
+
+    def router_belief(self, w: int = 12, h: int = 8) -> None:
+        """Each router's predicted hit share beside what its engines delivered."""
+        if self.s.name != "exporter":
+            return
+        scope = self.matchers(model=False, raw=False)
+        wd = ROUTER_DASHBOARD_WINDOW
+        self.add(g.TimeSeries(
+            title="Routers: believed vs delivered",
+            description="Per router (an exporter target of kind router): the share of its "
+                        "requests it predicted a prefix hit for, as the router counts it "
+                        "(lookups that hit its index, tree matches, predicted match ratios), "
+                        "beside the prefix-cache hit ratio the engines it routes to delivered "
+                        "(their own counters, in tokens). A router that believes far more than "
+                        "is delivered routes by a stale index (PrefixCacheRouterIndexStale). "
+                        f"{self.cfg.runbook('prefixcacherouterindexstale')}",
+            targets=[self.target(r_router_believed(wd) + scope, "{{router}} believed", "A"),
+                     self.target(r_router_delivered(wd) + scope, "{{router}} delivered", "B")],
+            unit="percentunit", valueMin=0, valueMax=1), w, h)
+
+    def router_decisions(self, w: int = 12, h: int = 8) -> None:
+        """Requests each router sent to each worker, and the routing part of the ledger."""
+        if self.s.name != "exporter":
+            return
+        scope = self.matchers(model=False)
+        sent = (f"sum by (router, worker) (rate("
+                f"{exposition.OUT_ROUTER_WORKER_REQUESTS.name}_total{scope}[$__rate_interval]))")
+        routing = self.recorded(r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW),
+                                'part="routing"')
+        self.add(g.TimeSeries(
+            title="Routers: requests per worker, and the routing part",
+            description="Requests per second each router sent to each worker (left), and "
+                        "the share of the computed prompt tokens that another replica held "
+                        "(right: the KV event ledger's routing part, per model). Round-robin "
+                        "spreads a prefix over every worker and the routing part rises; a "
+                        "prefix-aware policy keeps it near zero.",
+            targets=[self.target(sent, "{{router}} -> {{worker}}", "A"),
+                     self.target(routing, "routing part {{model_name}}", "B")],
+            unit="reqps", overrides=self.right_axis("routing part.*", "percentunit")), w, h)
 
     def cached_vs_computed(self, w: int = 12, h: int = 8) -> None:
         cached = f"sum ({self.hits_rate()})"

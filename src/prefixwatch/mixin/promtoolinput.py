@@ -92,6 +92,7 @@ _ELSE_IF = re.compile(r'\{\{ else if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)(?=\{\{
 def render_annotation(template: str, labels: dict[str, str], value: float) -> str:
     """The few template constructs our annotations use, rendered as Prometheus would."""
     text = template.replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
+    text = text.replace("{{ $value }}", f"{value:g}")  # Go's %v of a float64, for counts
 
     def chain(match: re.Match[str]) -> str:
         branches = [(match.group(1), match.group(2), match.group(3))]

@@ -44,6 +44,7 @@ from prefixwatch.core.vocab.rulenames import (
 from prefixwatch.core.vocab.tiers import TIER_DEVICE
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, tier_rates
+from prefixwatch.mixin.routerrules import RouterRules
 
 
 class Recording(Exprs):
@@ -110,6 +111,7 @@ class Recording(Exprs):
             f"* {on_model} {r_queries(MODEL, '5m')}")
         rules.extend(self.ledger_rules())
         rules.extend(KVRules(self.src.name, self.cfg).recording())
+        rules.extend(RouterRules(self.src.name, self.cfg).recording())
         return rules
 
     def ledger_rules(self) -> list[dict[str, Any]]:

@@ -198,6 +198,21 @@ class Collector:
                       else (self.start, self.end))
         data.pool_curve = pool_curve(self.client, _sel(data.model), start, end, self.step)
         data.pool_curve_span = "during the drop" if during is not None else "over the range"
+    def ladder(self, model: str) -> tuple[str, list[str]] | None:
+        """The model's ladder (prefixwatch_ladder_hit_ratio) at the end of the range, over
+        the longest window the exporter wrote it for."""
+        from prefixwatch.core.kv.ladder import lines
+
+        found: dict[str, dict[str, float]] = {}
+        for s in self._range(f"{exposition.OUT_LADDER.name}{_sel(model)}"):
+            samples = self._finite(s.samples)
+            if samples:
+                found.setdefault(s.labels.get(exposition.L_WINDOW, ""), {})[
+                    s.labels.get(exposition.L_RUNG, "")] = samples[-1][1]
+        if not found:
+            return None
+        window = max(found, key=lambda w: _window_seconds(w))
+        return window, lines(found[window])
 
     def _inside(self, metric: str, span: Phase) -> str:
         """The mean over ``span`` of a recorded rate, from samples (one a step) whose windows
@@ -265,7 +280,7 @@ class Collector:
             ttft=self.ttft_series(model), alerts=self.alert_firings(model),
             diagnosis=self.diagnosis(model), crossings=cross, phases=stats,
             tiers=self.tiers(model), ledger=self.ledger(model), hit_ratio=req.hit_ratio,
-            ratio_window=req.ratio_window, notes=notes)
+            ratio_window=req.ratio_window, notes=notes, ladder=self.ladder(model))
         self._pool_curve(data)
         if not stats:
             data.phase_note = (f"No phase of the range is longer than the {self.window:.0f}s "
@@ -304,6 +319,13 @@ class Collector:
             data.gpu_seconds = data.extra_recomputed_tokens / self.req.prefill_tokens_per_second
         if self.req.price_per_million_tokens is not None:
             data.cost = data.extra_recomputed_tokens * self.req.price_per_million_tokens / 1e6
+
+
+def _window_seconds(window: str) -> float:
+    try:
+        return parse_duration(window)
+    except ValueError:
+        return 0.0
 
 
 def _alert_key(labels: dict[str, str]) -> tuple:

@@ -116,6 +116,9 @@ class ReportData:
     #: None when not recorded (report/poolfigure.py).
     pool_curve: dict[str, float] | None = None
     pool_curve_span: str = ""
+    #: The model's ladder at the end of the range (core/kv/ladder.py): its window, and each
+    #: rung's hit ratio, as text lines; None when the exporter wrote none.
+    ladder: tuple[str, list[str]] | None = None
 
     @property
     def ratio_label(self) -> str:

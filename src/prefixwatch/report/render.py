@@ -162,6 +162,9 @@ where healthy and incident traffic mix.</p>{% else %}<p>{{ d.phase_note }}</p>{%
 token {{ div.position }} ({{ div.kind }}); an unlimited cache could serve
 {{ pct(div.achievable) }} of their prompt tokens.</p><pre>{{ div.context }}</pre>
 <p><b>Fix:</b> {{ div.fix }}</p>{% endif %}
+{% if d.ladder %}<h2>The ladder ({{ d.ladder[0] }} to the end of the range)</h2>
+<p>The hit ratio as delivered, then with each fix the KV event ledger names added
+(docs/routers.md#the-ladder):</p><pre>{{ d.ladder[1] | join("\n") }}</pre>{% endif %}
 </body></html>
 """
 
@@ -216,6 +219,15 @@ token {{ div.position }} ({{ div.kind }}); achievable hit ratio {{ pct(div.achie
 ```
 
 Fix: {{ div.fix }}
+
+{% endif %}{% if d.ladder %}## The ladder ({{ d.ladder[0] }} to the end of the range)
+
+The hit ratio as delivered, then with each fix the KV event ledger names added
+(docs/routers.md#the-ladder):
+
+```
+{{ d.ladder[1] | join("\n") }}
+```
 
 {% endif %}## Figures
 

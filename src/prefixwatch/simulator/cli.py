@@ -18,6 +18,7 @@ from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
 from prefixwatch.simulator.scenarios import Scenario, describe
 from prefixwatch.simulator.server import Replica, ReplicaServer
+from prefixwatch.simulator.via import check_via
 
 log = logging.getLogger("prefixwatch.simulate")
 
@@ -58,6 +59,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--switch-at", type=_duration, metavar="DURATION",
                    help="switch to --switch-to after this long, e.g. 10m (a bad deploy)")
     p.add_argument("--switch-to", metavar="NAME", help="scenario to switch to")
+    p.add_argument("--via", metavar="URL",
+                   help="send the workload through this router (vllm-router, smg, a gateway: "
+                        "its base URL) instead of choosing replicas; the replicas still serve "
+                        "and publish their KV events")
     p.add_argument("--restart-at", type=_duration, metavar="DURATION",
                    help="restart every replica once after this long (cold cache, counters reset)")
     p.add_argument("--replicas", type=int, metavar="N",
@@ -180,6 +185,7 @@ class Simulation:
 def build_simulation(args: argparse.Namespace) -> Simulation:
     """Validate the simulate flags and bind every replica's port; ConfigError on bad input."""
     scenario, switch_to = _scenarios(args)
+    via = _via(args)
     replicas_n = _replica_count(args, scenario, switch_to)
     config = _engine_config(args, scenario)
     log_stream, request_log = _open_request_log(args)
@@ -192,15 +198,26 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
     if args.rate > 0:
         driver = Driver([s.replica for s in servers], scenario, args.rate, seed=args.seed,
                         switch_at=args.switch_at, switch_to=switch_to, routing=args.routing,
-                        restart_at=args.restart_at)
+                        restart_at=args.restart_at, via=via)
     _log_serving(args, servers, config)
     if driver is not None:
-        log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
-                 replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
+        log.info("workload %s at %g req/s over %d replica(s)%s%s", scenario.name, args.rate,
+                 replicas_n, f" through the router at {via}" if via else "",
+                 f"; switching to {switch_to.name} after {args.switch_at:g}s"
                  if switch_to else "")
     else:
         log.info("no built-in workload (--rate 0): serving only")
     return Simulation(servers, driver, log_stream)
+
+
+def _via(args: argparse.Namespace) -> str | None:
+    """The router's base URL of --via (None: the workload chooses replicas itself)."""
+    if not getattr(args, "via", None):
+        return None
+    try:
+        return check_via(args.via)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _scenarios(args: argparse.Namespace) -> tuple[Scenario, Scenario | None]:

@@ -18,6 +18,7 @@ from prefixwatch.simulator.engine import SimRequest
 from prefixwatch.simulator.scenarios import SCENARIOS, Corpus, Scenario, Work
 from prefixwatch.simulator.server import BadRequest, Replica
 from prefixwatch.simulator.truth import LedgerTruth
+from prefixwatch.simulator.via import ViaRouter
 
 log = logging.getLogger("prefixwatch.simulate")
 
@@ -61,7 +62,8 @@ class Driver:
     def __init__(self, replicas: Sequence[Replica], scenario: Scenario, rate: float,
                  seed: int = 1, switch_at: float | None = None,
                  switch_to: Scenario | None = None, routing: str | None = None,
-                 restart_at: float | None = None, truth: LedgerTruth | None = None) -> None:
+                 restart_at: float | None = None, truth: LedgerTruth | None = None,
+                 via: str | None = None) -> None:
         self.replicas = list(replicas)
         self.truth = truth
         self.scenario = scenario
@@ -72,6 +74,9 @@ class Driver:
         self.switch_to = switch_to
         self.restart_at = restart_at
         self.router = Router(self.replicas, routing or scenario.routing)
+        #: ``--via URL``: a router chooses the replica of each request, not ``self.router``.
+        self.via = (ViaRouter(via, self.replicas[0].config.model if self.replicas else None)
+                    if via else None)
         self.sent = 0
         self.rejected = 0
         self._stop = threading.Event()
@@ -84,7 +89,10 @@ class Driver:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self.via is not None:
+            self.via.close()
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -112,6 +120,10 @@ class Driver:
 
     def send_one(self) -> None:
         work = self.scenario.make(self.rng, self.corpus, datetime.now(UTC))
+        if self.via is not None:
+            if self.via.submit(work.body):
+                self.sent += 1
+            return
         replica = self.router.pick(work)
         try:
             submit_work(replica, work, self.truth)

@@ -319,6 +319,19 @@ class Engine:
             self.stats = EngineStats()  # listeners of the old process go with it
             self._prefill_free_at = 0.0
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``BlockPool.reset_prefix_cache``: forget every cached block (publishing
+        AllBlocksCleared) when no request holds one; False, and nothing changed, otherwise.
+        The counters go on (it is no restart)."""
+        with self.lock:
+            if self.running or self.waiting:
+                return False
+            self.pool.reset()
+            if self.kv_events is not None:
+                self.kv_events.sink.cleared()
+                self.kv_events.flush()
+            return True
+
     @property
     def kv_usage(self) -> float:
         return self.pool.usage()

@@ -219,6 +219,14 @@ class ReplicaHandler(ReplyHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
+        if path == "/reset_prefix_cache":
+            # vLLM's endpoint (VLLM_SERVER_DEV_MODE=1): drop every cached block.
+            if self.replica.engine.reset_prefix_cache():
+                log.info("replica %d: prefix cache reset", self.replica.index)
+                self._send(200, b"", "application/json")
+            else:
+                self._error(503, "requests are running: the prefix cache was not reset")
+            return
         try:
             body = self._json_body()
             if path == "/v1/completions":

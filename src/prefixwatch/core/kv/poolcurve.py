@@ -18,8 +18,9 @@ from prefixwatch.core.vocab import exposition
 
 #: Under this gain at 2x the pool (in hit-ratio points, as a fraction), memory would not help.
 FLAT_POINTS = 0.02
-#: The pool scale the flat verdict quotes.
+#: The pool scale the flat verdict quotes, and the ladder's capacity rung (core/kv/ladder.py).
 FLAT_SCALE = "2"
+LADDER_SCALE = "2"
 #: The event ledger's parts other than eviction, as the verdict names them.
 PART_WORDS: dict[str, str] = {
     "layout": "layout (a prompt-layout fix would share them)",

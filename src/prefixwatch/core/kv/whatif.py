@@ -54,6 +54,8 @@ _FACTORS: tuple[float, ...] = tuple(float(s) for s in POOL_SCALES)
 MAX_TIPS = 4096
 #: Ghosts forgotten past the pools' reach no more often than every this many removals.
 MIN_REBUILD = 4096
+#: Stores kept to count once the pool size is known (the first poll's wait), at most.
+MAX_PENDING = 4096
 
 
 class WhatIf:
@@ -77,10 +79,18 @@ class WhatIf:
         #: Prompt tokens served from ghosts, per scale (``POOL_SCALES``' order).
         self.gained: list[int] = [0] * len(POOL_SCALES)
         self.dropped = 0  # ghosts forgotten at the cap while still within reach
+        #: Stores stored again before the pool size was known: (clock, ghosts' clocks, bs).
+        self._pending: list[tuple[int, list[int], int]] = []
 
     def set_pool(self, blocks: int | None) -> None:
-        """The device pool in blocks (``num_gpu_blocks``); None or below 1: not known."""
+        """The device pool in blocks (``num_gpu_blocks``); None or below 1: not known. The
+        stores seen before it was known are counted now (the stream's first messages arrive
+        before the exporter's next poll reads the page)."""
         self.pool_blocks = blocks if blocks and blocks > 0 else None
+        if self.pool_blocks is not None and self._pending:
+            pending, self._pending = self._pending, []
+            for at, evicted, bs in pending:
+                self._count(at, evicted, bs)
 
     def _extra(self, k: int) -> float | None:
         pool = self.pool_blocks
@@ -166,8 +176,17 @@ class WhatIf:
                 break
             evicted.append(evicted_at)
             want += 1
-        if self.pool_blocks is None or not evicted:
+        if not evicted:
             return
+        if self.pool_blocks is None:
+            if len(self._pending) < MAX_PENDING:
+                self._pending.append((at, evicted, bs))
+            return
+        self._count(at, evicted, bs)
+
+    def _count(self, at: int, evicted: list[int], bs: int) -> None:
+        """Per scale, the leading ghosts of one store (their removal clocks, in order) that
+        pool would have served, looked up at removal ``at``."""
         for k in range(len(POOL_SCALES)):
             extra = self._extra(k)
             assert extra is not None
@@ -188,6 +207,7 @@ class WhatIf:
         self.ghosts.clear()
         self._limit = MIN_REBUILD
         self._tips.clear()
+        self._pending.clear()
         for served in self._served:
             served.clear()
 

@@ -408,3 +408,73 @@ KV_ERROR_REASONS: tuple[str, ...] = (
     KV_ERROR_HISTORY_FULL,    # old content forgotten by the model's cap
     KV_ERROR_GHOSTS_FULL,     # evicted content within the what-if's reach forgotten at its cap
 )
+
+
+# -- Routers: what a router believed, per router and per worker it routes to -----------------
+
+L_ROUTER = "router"
+L_WORKER = "worker"
+L_POLICY = "policy"
+L_PROBLEM = "problem"
+L_RUNG = "rung"
+
+OUT_ROUTER_INFO = OutMetric(
+    "prefixwatch_router", "info",
+    "The kind of router detected on a router target (vllm_router, smg, llm_d, dynamo, "
+    "production_stack).", (L_ROUTER,), info_keys=(L_KIND,))
+OUT_ROUTER_WORKER_REQUESTS = OutMetric(
+    "prefixwatch_router_worker_requests", "counter",
+    "Requests the router sent to one worker, as the router counts them.", (L_ROUTER, L_WORKER))
+OUT_ROUTER_WORKER_TARGET = OutMetric(
+    "prefixwatch_router_worker_target", "gauge",
+    "1 for each worker of a router matched to the engine target that serves it (by URL, or "
+    "the router's workers: map); the join between a router's series and its engines'.",
+    (L_ROUTER, L_WORKER, L_TARGET))
+OUT_ROUTER_UNMATCHED_WORKERS = OutMetric(
+    "prefixwatch_router_unmatched_workers", "gauge",
+    "Workers of the router matched to no engine target, by reason (no_target: no target "
+    "serves that URL; shared: another router, earlier in the config, claims that target).",
+    (L_ROUTER, L_REASON))
+OUT_ROUTER_DECISIONS = OutMetric(
+    "prefixwatch_router_decisions", "counter",
+    "Routing decisions by policy, as the router counts them.", (L_ROUTER, L_POLICY))
+OUT_ROUTER_PREDICTED_HITS = OutMetric(
+    "prefixwatch_router_predicted_hits", "counter",
+    "What the router believed: its lookups that hit its index (or, for a match-ratio "
+    "histogram, the predicted matched share summed over requests), by the router sample read.",
+    (L_ROUTER, L_SOURCE))
+OUT_ROUTER_PREDICTIONS = OutMetric(
+    "prefixwatch_router_predictions", "counter",
+    "The router's lookups (or requests scored) behind prefixwatch_router_predicted_hits; "
+    "the believed hit share is the ratio of their rates.", (L_ROUTER, L_SOURCE))
+OUT_ROUTER_KV_FEED_PROBLEMS = OutMetric(
+    "prefixwatch_router_kv_feed_problems", "counter",
+    "Problems of the router's own KV event feed, per worker, as the router counts them "
+    "(gap, resync, missed_batches, subscription_failure, stream_error).",
+    (L_ROUTER, L_WORKER, L_PROBLEM))
+OUT_ROUTER_ERRORS = OutMetric(
+    "prefixwatch_router_errors", "counter",
+    "Parts of a router's page not used, by reason (see ROUTER_ERROR_REASONS).",
+    (L_ROUTER, L_REASON))
+#: Reasons of prefixwatch_router_errors_total; each is pre-initialised to 0 per router.
+ROUTER_ERROR_REASONS: tuple[str, ...] = (
+    "unknown_value",     # a label value this release does not know (a newer router): not used
+    "changed_type",      # a family read with another type than expected: not used
+    "no_known_family",   # the router's page carries none of the families prefixwatch reads
+    "too_many_series",   # workers past max_series: the rest dropped
+    "label_too_long",    # a label value past max_label_length: that sample dropped
+)
+ROUTER_UNMATCHED_NO_TARGET = "no_target"
+ROUTER_UNMATCHED_SHARED = "shared"
+ROUTER_UNMATCHED_REASONS: tuple[str, ...] = (ROUTER_UNMATCHED_NO_TARGET, ROUTER_UNMATCHED_SHARED)
+#: Target kinds in the exporter's config (``kind:``; "" recognises a router from its page).
+TARGET_KIND_ENGINE = "engine"
+TARGET_KIND_ROUTER = "router"
+TARGET_KINDS: tuple[str, ...] = ("", TARGET_KIND_ENGINE, TARGET_KIND_ROUTER)
+
+OUT_LADDER = OutMetric(
+    "prefixwatch_ladder_hit_ratio", "gauge",
+    "A model's hit ratio over the window as delivered, then with each fix the KV event ledger "
+    "names added (rung: delivered, perfect_routing, capacity, ideal_prompts; core/kv/ladder.py). "
+    "The step between two rungs is what that fix is worth. Capacity is absent until the "
+    "capacity what-if measures it.", (L_MODEL, L_WINDOW, L_RUNG))

@@ -26,6 +26,12 @@ VLLM_09 = "vllm_0.9"
 VLLM_V0 = "vllm_v0"
 SGLANG = "sglang"
 _VLLM = (VLLM_V1, VLLM_09, VLLM_V0)
+# Router kinds (core/vocab/routers.py), by the id each RouterSchema carries.
+VLLM_ROUTER = "vllm_router"
+SMG = "smg"
+LLM_D = "llm_d"
+DYNAMO = "dynamo"
+PRODUCTION_STACK = "production_stack"
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,9 @@ class Family:
     #: from the engine's cached-by-source split, core/vocab/tiers.py) or ``source`` (the engine
     #: sample the value was read from).
     extra: str = ""
+    #: What the row is read from: an ``engine``'s page, or a ``router``'s (core/vocab/routers.py
+    #: says which labels of the router's sample are the worker, the policy, a hit).
+    source: str = "engine"
 
     @property
     def kind(self) -> str:
@@ -109,6 +118,24 @@ FAMILIES: tuple[Family, ...] = (
     Family("kv_divergence_kinds", exposition.OUT_KV_DIVERGENCE_KIND, {}),
     Family("kv_pool_blocks", exposition.OUT_KV_POOL_BLOCKS, {}),
     Family("kv_whatif", exposition.OUT_KV_WHATIF, {}),
+    # Read from a router's page (exporter/routers): the router's own counts. Each router kind's
+    # first sample of a role is here; core/vocab/routers.py lists the rest and their labels.
+    Family("router_worker_requests", exposition.OUT_ROUTER_WORKER_REQUESTS, {
+        VLLM_ROUTER: "vllm_router_cb_outcomes_total", SMG: "smg_worker_requests_total"},
+        source="router"),
+    Family("router_decisions", exposition.OUT_ROUTER_DECISIONS, {
+        VLLM_ROUTER: "vllm_router_policy_decisions_total", SMG: "smg_worker_selection_total",
+        PRODUCTION_STACK: "vllm:routing_decisions_total"}, source="router"),
+    Family("router_predicted_hits", exposition.OUT_ROUTER_PREDICTED_HITS, {
+        VLLM_ROUTER: "vllm_router_kv_placement_lookups_total",
+        SMG: "smg_cache_aware_match_ratio", LLM_D: "llm_d_epp_prefix_indexer_hit_ratio",
+        DYNAMO: "dynamo_component_router_kv_hit_rate"}, source="router"),
+    Family("router_predictions", exposition.OUT_ROUTER_PREDICTIONS, {
+        VLLM_ROUTER: "vllm_router_kv_placement_lookups_total",
+        SMG: "smg_cache_aware_match_ratio", LLM_D: "llm_d_epp_prefix_indexer_hit_ratio",
+        DYNAMO: "dynamo_component_router_kv_hit_rate"}, source="router"),
+    Family("router_kv_feed_problems", exposition.OUT_ROUTER_KV_FEED_PROBLEMS, {
+        SMG: "smg_kv_event_gaps_total"}, source="router"),
 )
 
 BY_ROLE: dict[str, Family] = {f.role: f for f in FAMILIES}
@@ -123,7 +150,8 @@ def roles(kind: str, schema: str | None = None) -> tuple[str, ...]:
     """The roles of one kind (counter, gauge, histogram) read from an engine's page (on
     ``schema`` when given); the tier-split family is left out (its roles are one per tier)."""
     return tuple(f.role for f in FAMILIES if f.kind == kind and f.extra != exposition.L_TIER
-                 and f.reads and (schema is None or schema in f.reads))
+                 and f.reads and f.source == "engine"
+                 and (schema is None or schema in f.reads))
 
 
 def exposed(metric: OutMetric) -> str:

@@ -159,3 +159,29 @@ REPLICA_WINDOW = "5m"
 DEFAULT_RUNBOOK_URL = "https://github.com/prefixwatch/prefixwatch/blob/main/docs/runbooks.md"
 #: Where an alert's runbook_url points: ``{anchor}`` is the section (lower-case alert name).
 DEFAULT_RUNBOOK_URL_PATTERN = DEFAULT_RUNBOOK_URL + "#{anchor}"
+
+# Routers: what a router believed (its predicted hit share), what the engines it routes to
+# delivered (their hit ratio, token-weighted), and the gap between them, per router.
+ALERT_ROUTER_STALE = "PrefixCacheRouterIndexStale"
+ALERT_ROUTER_FEED = "PrefixCacheRouterKVFeedDegraded"
+ROUTER = "router"
+
+
+def r_router_believed(w: str) -> str:
+    """The router's predicted hit share over ``w``: its predicted hits over its predictions."""
+    return f"router:router_predicted_hits:ratio_rate{w}"
+
+
+def r_router_delivered(w: str) -> str:
+    """The prefix-cache hit ratio of the engines a router routes to, over ``w``."""
+    return f"router:prefix_cache_hits:ratio_rate{w}"
+
+
+def r_router_gap(w: str) -> str:
+    """Believed minus delivered over ``w``: positive when the router believes more."""
+    return f"router:router_belief_gap:ratio_rate{w}"
+
+
+def r_router_queries(w: str) -> str:
+    """Prompt tokens per second the engines of a router looked up, over ``w``."""
+    return f"router:prefix_cache_queries:rate{w}"

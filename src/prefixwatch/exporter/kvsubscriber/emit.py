@@ -86,6 +86,7 @@ def add_ledger_families(family, ledgers, windows: dict[str, float]) -> set[str]:
     counters since the exporter followed the streams, its shares per window; returns those
     models (the request log's ledger stands aside for them)."""
     from prefixwatch.core.kv.eventledger import EVENT_COUNTED, event_counted
+    from prefixwatch.core.kv.ladder import ladder
 
     models = ledgers.models()
     tokens = family(exposition.OUT_LEDGER_TOKENS)
@@ -102,4 +103,7 @@ def add_ledger_families(family, ledgers, windows: dict[str, float]) -> set[str]:
                 continue
             for part in exposition.KV_LEDGER_SHARES:
                 shares.add_metric([model, window, part], span.shares[part] / span.prompt)
+            capacity = ledgers.whatif.capacity(model, seconds)
+            for rung, value in ladder(span.shares, span.prompt, capacity).items():
+                family(exposition.OUT_LADDER).add_metric([model, window, rung], value)
     return set(models)

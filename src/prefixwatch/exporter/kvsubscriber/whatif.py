@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prefixwatch.core.kv.poolcurve import PoolCurve, curve_of, verdict
+from prefixwatch.core.kv.poolcurve import LADDER_SCALE, PoolCurve, curve_of, verdict
 from prefixwatch.core.kv.whatif import POOL_SCALES
 from prefixwatch.core.vocab import exposition, schemas
 from prefixwatch.exporter.kvsubscriber.source import KvSource
@@ -104,6 +104,14 @@ class WhatIfSeries:
             for s in POOL_SCALES:
                 gained[s] += last.gained[s] - start.gained.get(s, 0)
         return curve_of(prompt, cached, gained) if found else None
+
+    def capacity(self, model: str, seconds: float | None) -> float | None:
+        """The ladder's capacity rung: prompt tokens a pool ``LADDER_SCALE`` times larger
+        would have served beyond the engines' over the window (None: no what-if)."""
+        curve = self.curve(self.ledgers.models().get(model, []), seconds)
+        if curve is None or LADDER_SCALE not in curve.whatif:
+            return None
+        return curve.gain(LADDER_SCALE) * curve.prompt
 
     def model_curve(self, model: str, seconds: float | None) -> tuple[PoolCurve, str] | None:
         """A model's curve over its targets and its verdict (the event ledger's parts name

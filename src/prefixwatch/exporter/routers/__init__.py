@@ -1,0 +1,1 @@
+"""Routers as targets: their pages read, their workers matched to engine targets."""
