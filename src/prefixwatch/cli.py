@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from prefixwatch.core import causes, names
+from prefixwatch.core import causes, cliargs, names
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.version import __version__
 
@@ -27,6 +27,8 @@ log = logging.getLogger("prefixwatch")
 # The products' sub-commands: name -> (one-line help, module, parser builder, runner). The help
 # is the module's own (tests/test_cli.py checks they agree); a runner of None: run_<name> here.
 PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
+    "demo": ("start here: the whole stack on this machine, without Docker",
+             "prefixwatch.demo", "add_demo_parser", "run_demo"),
     "simulate": ("serve simulated vLLM replicas with a built-in workload",
                  "prefixwatch.simulator.cli", "add_simulate_parser", "run_simulate"),
     "rules": ("generate Prometheus rules and Alertmanager routing",
@@ -37,8 +39,6 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
                  "prefixwatch.mixin.cli", "add_generate_parser", "run_generate"),
     "audit": ("find where prompts stop sharing a prefix in a request log",
               "prefixwatch.audit.cli", "add_audit_parser", "run_audit"),
-    "demo": ("run the whole stack on this machine, without Docker",
-             "prefixwatch.demo", "add_demo_parser", "run_demo"),
     "report": ("write an incident report (HTML, Markdown, figures) from Prometheus",
                "prefixwatch.report.cli", "add_report_parser", None),
 }
@@ -87,14 +87,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
+#: The example configurations shipped inside the package (`prefixwatch example-config`).
+EXAMPLES = {"exporter": "exporter.example.yml", "mixin": "mixin.example.yml"}
+#: Options of the top-level parser that may also follow the sub-command, with their values.
+GLOBAL_OPTIONS = ("--log-level",)
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
@@ -103,9 +99,9 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                         f"(default: ${names.ENV_TARGETS}, comma-separated, or "
                         f"{names.DEFAULT_TARGET})")
     p.add_argument("--config", metavar="FILE", dest="config_file",
-                   help=f"YAML config file (see exporter/prefixwatch.example.yml; "
-                        f"default: ${names.ENV_CONFIG})")
-    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help=f"YAML config file (every key: `prefixwatch example-config "
+                        f"exporter`; default: ${names.ENV_CONFIG})")
+    p.add_argument("--timeout", type=cliargs.duration, metavar="DURATION",
                    help=f"per-target poll timeout (default {names.DEFAULT_TIMEOUT_SECONDS:g})")
     p.add_argument("--bearer-token-file", metavar="FILE",
                    help="send 'Authorization: Bearer <file contents>' to every target")
@@ -116,7 +112,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                    help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
                         "e.g. tcp://localhost:5557, for the one target; several targets: "
                         "kv_events per target in the config file")
-    p.add_argument("--max-body-bytes", type=int, metavar="N",
+    p.add_argument("--max-body-bytes", type=cliargs.count, metavar="N",
                    help=f"refuse pages larger than N bytes "
                         f"(default {names.DEFAULT_MAX_BODY_BYTES})")
 
@@ -125,25 +121,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="prefixwatch",
         description="Observability and alerting for the prefix cache of LLM servers "
-                    "(vLLM, SGLang).")
+                    "(vLLM, SGLang). Start here: prefixwatch demo --time-scale 0.05 (the whole "
+                    "stack on this machine; the page within about a minute).",
+        epilog="Durations are 30s, 5m, 1h or a bare number of seconds. Global options "
+               "(--log-level) go before or after the command.")
     parser.add_argument("--version", action="version", version=f"prefixwatch {__version__}")
-    parser.add_argument("--log-level", default="info",
+    parser.add_argument("--log-level", default=None,
                         choices=["debug", "info", "warning", "error"],
-                        help="logging level (default: info)")
+                        help="logging level (default: info; warning for status, whose table "
+                             "is the output)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 action=LazySubcommands)
+    demo_help, demo_module, demo_builder, _ = PRODUCT_COMMANDS["demo"]
+    sub.add_lazy("demo", demo_help, demo_module, demo_builder)
 
     exp = sub.add_parser(
         "exporter", help="run the sidecar exporter",
         description="Poll vLLM/SGLang /metrics pages and expose prefix-cache hit ratios over "
                     "time windows, normalized counters and TTFT as prefixwatch_* series.")
     _add_target_flags(exp)
-    exp.add_argument("--interval", type=_positive_float, metavar="SECONDS",
+    exp.add_argument("--interval", type=cliargs.duration, metavar="DURATION",
                      help=f"poll interval (default {names.DEFAULT_INTERVAL_SECONDS:g})")
     exp.add_argument("--listen-address", metavar="HOST:PORT",
                      help=f"where to serve /metrics (default {names.DEFAULT_LISTEN_ADDRESS}, every "
                           "interface; 127.0.0.1:PORT keeps it on loopback)")
     exp.add_argument("--window", action="append", metavar="DURATION", dest="windows",
+                     type=cliargs.duration_text,
                      help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
                           f"(default {' '.join(names.DEFAULT_WINDOWS)})")
     exp.add_argument("--web-config-file", metavar="FILE",
@@ -153,10 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
     diag = exp.add_argument_group(
         "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
-    diag.add_argument("--diagnosis-window", metavar="DURATION",
+    diag.add_argument("--diagnosis-window", metavar="DURATION", type=cliargs.duration_text,
                       help=f"window the causes are judged over (default "
                            f"{causes.DIAGNOSIS_WINDOW})")
-    diag.add_argument("--cold-start", metavar="DURATION",
+    diag.add_argument("--cold-start", metavar="DURATION", type=cliargs.duration_text,
                       help=f"a server that (re)started less than this ago is cold "
                            f"(default {causes.COLD_START})")
     diag.add_argument("--requests-log", metavar="PATH",
@@ -170,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="tokenizer for text requests and divergence kinds: 'server' (the "
                            "first target's /tokenize, default), a URL, a Hugging Face "
                            "tokenizer directory, 'builtin' (the simulator's) or 'none'")
-    diag.add_argument("--max-log-len", type=int, metavar="N",
+    diag.add_argument("--max-log-len", type=cliargs.count, metavar="N",
                       help="the server's --max-log-len: logged token ids of N are cut "
                            "(counted as truncated)")
     diag.add_argument("--requests-model", metavar="NAME",
@@ -182,14 +185,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "that gap and over the server's lifetime, query rate, TTFT, KV usage, and "
                     "why the hit rate is low (the exporter's diagnosis rules, over the gap).")
     _add_target_flags(st)
-    st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
-                    help="seconds between the two polls (default 5)")
-    st.add_argument("--cold-start", metavar="DURATION",
+    st.add_argument("--gap", type=cliargs.duration, default=5.0, metavar="DURATION",
+                    help="time between the two polls (default 5s)")
+    st.add_argument("--cold-start", metavar="DURATION", type=cliargs.duration_text,
                     help=f"a server that (re)started less than this ago is cold (default "
                          f"{causes.COLD_START}; `prefixwatch demo --time-scale` prints its own)")
 
     for name, (summary, module, builder, _) in PRODUCT_COMMANDS.items():
-        sub.add_lazy(name, summary, module, builder)
+        if name != "demo":
+            sub.add_lazy(name, summary, module, builder)
+    ex = sub.add_parser(
+        "example-config", help="print an example configuration file, every key commented",
+        description="Print the example exporter config (--config of exporter and status) or "
+                    "mixin config (--config of rules, dashboards, generate and report), every "
+                    "key commented, to start your own from.",
+        epilog="Example: prefixwatch example-config exporter > prefixwatch.yml")
+    ex.add_argument("which", choices=sorted(EXAMPLES), help="which configuration")
     parser.set_defaults(_subparsers=sub.choices)
     return parser
 
@@ -197,11 +208,34 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Like parse_args, but a flag the sub-command does not know is reported by that
     sub-command's parser, so the message points at its --help, not the top-level one."""
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_globals_first(
+        list(sys.argv[1:] if argv is None else argv)))
     if extra:
         sub = args._subparsers.get(args.command, parser)
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _globals_first(argv: list[str]) -> list[str]:
+    """The global options moved before the sub-command, so that `prefixwatch exporter
+    --log-level warning` means what `prefixwatch --log-level warning exporter` does."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS:
+            take = 1 if "=" in arg or i + 1 >= len(argv) else 2
+            front += argv[i:i + take]
+            i += take
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
 
 
 #: Flags that are build_config's keywords of the same name: the target flags and --cold-start,
@@ -265,6 +299,14 @@ def run_report(args: argparse.Namespace) -> int:
                               cfg.time_scale))
 
 
+def run_example_config(args: argparse.Namespace) -> int:
+    from importlib.resources import files
+
+    sys.stdout.write(files("prefixwatch").joinpath("examples", EXAMPLES[args.which])
+                     .read_text(encoding="utf-8"))
+    return 0
+
+
 def run_status(args: argparse.Namespace) -> int:
     from prefixwatch.exporter.status import (
         collect_status,
@@ -293,7 +335,8 @@ def _stop_on_signals(stop) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = _parse(parser, argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+    level = args.log_level or ("warning" if args.command == "status" else "info")
+    logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code = _runner(args.command)(args)
@@ -310,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     """The function that runs a sub-command (a product's is imported from its module)."""
-    local = {"exporter": run_exporter, "status": run_status, "report": run_report}
+    local = {"exporter": run_exporter, "status": run_status, "report": run_report,
+             "example-config": run_example_config}
     if command in local:
         return local[command]
     _, module, _, runner = PRODUCT_COMMANDS[command]

@@ -58,7 +58,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
                    help="also replay through an LRU pool of N blocks (eviction)")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="a readable report (default) or JSON for CI")
-    p.add_argument("--top", type=int, default=10, help="divergence positions to show")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="divergence positions to show")
     p.add_argument("--redact", action="store_true",
                    help="hide the decoded context (logs hold user data)")
     p.add_argument("--fail-under", type=float, metavar="RATE",

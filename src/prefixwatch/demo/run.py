@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from prefixwatch.core import causes, names, rulenames
+from prefixwatch.core import causes, cliargs, names, rulenames, settings
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
-from prefixwatch.core.windows import parse_duration
 from prefixwatch.demo.backends import (
+    ALERTMANAGER_API,
     ALERTMANAGER_BINARIES,
     DEFAULT_SWITCH_AT,
     INSTALL_HINT,
@@ -51,11 +51,15 @@ log = logging.getLogger("prefixwatch.demo")
 #: Seconds before the shutdown's deadline at which Prometheus or Alertmanager, still running,
 #: is killed.
 KILL_MARGIN = 0.25
+#: The range of --time-scale: below it the scaled timers (a 15 s scrape, a 30 s group wait)
+#: fall under the millisecond Prometheus counts in; above it the story takes days.
+MIN_TIME_SCALE = 0.01
+MAX_TIME_SCALE = 10.0
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "demo", help="run the whole stack on this machine, without Docker",
+        "demo", help="start here: the whole stack on this machine, without Docker",
         description="Run the prefixwatch stack without Docker: simulator (or your vLLM), "
                     "exporter, and Prometheus and Alertmanager when installed, from the same "
                     "config as docker-compose.yml. With no --vllm, two simulated vLLM replicas "
@@ -66,23 +70,26 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm", action="append", metavar="URL",
                    help="watch this vLLM /metrics URL instead of the simulator; repeat "
                         "(default: $VLLM_TARGETS or $PREFIXWATCH_TARGETS if set)")
-    p.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
-    p.add_argument("--scenario", default="static-system-prompt",
+    p.add_argument("--replicas", type=cliargs.count, default=2, metavar="N",
+                   help="simulated replicas (default 2)")
+    p.add_argument("--scenario", default="static-system-prompt", metavar="NAME",
                    help="workload before the switch (default static-system-prompt)")
-    p.add_argument("--switch-to", default="timestamp-at-top",
+    p.add_argument("--switch-to", default="timestamp-at-top", metavar="NAME",
                    help="workload after the switch (default timestamp-at-top)")
-    p.add_argument("--switch-at", metavar="DURATION",
+    p.add_argument("--switch-at", metavar="DURATION", type=cliargs.duration,
                    help=f"when the regression lands, scaled by --time-scale (default "
                         f"{mixin_config.prom_duration(DEFAULT_SWITCH_AT)}: a minute after the "
                         f"{causes.COLD_START} cold start)")
-    p.add_argument("--rate", type=float, default=4.0, help="requests per second (default 4)")
-    p.add_argument("--sim-port", type=int, default=8000,
+    p.add_argument("--rate", type=cliargs.positive_factor, default=4.0, metavar="REQ_PER_S",
+                   help="requests per second (default 4)")
+    p.add_argument("--sim-port", type=cliargs.port, default=8000, metavar="PORT",
                    help="first simulator port (default 8000; 0 = any free port)")
     p.add_argument("--listen-address", default=f"127.0.0.1:{names.DEFAULT_PORT}",
+                   metavar="HOST:PORT",
                    help=f"exporter address (default 127.0.0.1:{names.DEFAULT_PORT})")
-    p.add_argument("--prometheus-port", type=int, default=9090,
+    p.add_argument("--prometheus-port", type=cliargs.port, default=9090, metavar="PORT",
                    help="Prometheus port on 127.0.0.1 (default 9090)")
-    p.add_argument("--alertmanager-port", type=int, default=9093,
+    p.add_argument("--alertmanager-port", type=cliargs.port, default=9093, metavar="PORT",
                    help="Alertmanager port on 127.0.0.1 (default 9093)")
     p.add_argument("--no-prometheus", action="store_true",
                    help="do not start Prometheus and Alertmanager even when installed")
@@ -90,13 +97,14 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep the demo's state here: request log, dashboards, Prometheus and "
                         "Alertmanager data and logs (default: a temporary directory removed "
                         "on exit)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="FACTOR",
+    p.add_argument("--time-scale", type=time_scale, default=1.0, metavar="FACTOR",
                    help="compress every duration of the story by FACTOR: switch time, cold "
                         "start, diagnosis and rule windows, `for:`, scrape intervals and "
                         "Alertmanager timers (0.05: the page within about a minute); "
-                        "1 = real time")
-    p.add_argument("--duration", metavar="DURATION",
-                   help="stop after this long, in wall-clock time (not scaled)")
+                        f"1 = real time; {MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g}")
+    p.add_argument("--duration", metavar="DURATION", type=cliargs.duration,
+                   help="stop after this long, in wall-clock time (not scaled), e.g. 10m or "
+                        "600 (seconds)")
     p.add_argument("--report-on-exit", action="store_true",
                    help="write the incident report of the run (prefixwatch report) when "
                         "--duration ends too, not only on Ctrl-C")
@@ -130,17 +138,22 @@ def _check_ports(args: argparse.Namespace, simulate: bool, backends: bool) -> No
             raise ConfigError(port_in_use_message(port, what, flag, host))
 
 
+def time_scale(text: str) -> float:
+    """argparse type of --time-scale: a finite factor the scaled windows survive (below
+    MIN_TIME_SCALE a second-long timer would round to nothing)."""
+    value = cliargs.positive_factor(text)
+    if not MIN_TIME_SCALE <= value <= MAX_TIME_SCALE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range ({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g}; 0.05 puts "
+            "the page within about a minute)")
+    return value
+
+
 def _validate(args: argparse.Namespace) -> tuple[float, float | None]:
-    if args.time_scale <= 0:
-        raise ConfigError("--time-scale must be greater than 0")
-    try:
-        switch_at = parse_duration(args.switch_at) if args.switch_at else DEFAULT_SWITCH_AT
-        duration = parse_duration(args.duration) if args.duration else None
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    switch_at = args.switch_at if args.switch_at else DEFAULT_SWITCH_AT
     if not 1 <= args.replicas <= 64:
         raise ConfigError("--replicas must be between 1 and 64")
-    return switch_at * args.time_scale, duration
+    return switch_at * args.time_scale, args.duration
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -255,6 +268,19 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
     print(f"incident report of this run: {written.html}", flush=True)
 
 
+#: The story's span at time scale 1: the healthy start, the switch, the page and a while
+#: after it; the hit-rate link opens on this range (scaled), so the drop fills the graph.
+STORY_SPAN = DEFAULT_SWITCH_AT * 2
+
+
+def graph_link(graph_page: str, scale: float) -> str:
+    """Prometheus' graph of the ratio that pages (the critical alert's short window) over the
+    story's range, not the UI's default hour."""
+    ratio = quote(rulenames.r_ratio(rulenames.MODEL, settings.CRITICAL_SHORT_WINDOW))
+    span = mixin_config.prom_duration(max(60.0, round(STORY_SPAN * scale / 60) * 60))
+    return f"{graph_page}?g0.expr={ratio}&g0.tab=0&g0.range_input={span}"
+
+
 def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Exporter,
              backends: Backends | None, printer: NotificationPrinter | None, state: Path,
              switch_at: float) -> str:
@@ -274,12 +300,14 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
     lines.append(f"  exporter:      http://{host}:{exporter.port}/  (metrics at /metrics)")
     if backends is not None and printer is not None:
         prom = backends.prometheus_url
-        ratio = quote(rulenames.r_ratio(rulenames.MODEL, "1m"))
+        am_page = backends.pages["alertmanager"]
         lines += [f"  Prometheus:    {prom}{backends.pages['alerts']}",
-                  f"  hit rate:      {prom}{backends.pages['graph']}?g0.expr={ratio}&g0.tab=0",
-                  f"  Alertmanager:  http://127.0.0.1:{backends.am_port}/#/alerts",
-                  f"  pages:         printed below as they fire and resolve (also listed at "
-                  f"{printer.url}), and sent to ${alertmanager.ENV_PAGER} if set"]
+                  f"  hit rate:      {graph_link(prom + backends.pages['graph'], scale)}",
+                  f"  Alertmanager:  {backends.alertmanager_url}{am_page}"
+                  + ("  (its API: this build has no web UI)"
+                     if am_page == ALERTMANAGER_API else ""),
+                  f"  pages:         printed below as they fire and resolve, listed at "
+                  f"{printer.url}, and sent to ${alertmanager.ENV_PAGER} if set"]
     elif args.no_prometheus:
         lines.append("  Prometheus/Alertmanager: not started (--no-prometheus)")
     else:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixwatch.core import causes, names, settings
+from prefixwatch.core import causes, cliargs, names, settings
 from prefixwatch.core.causes import DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.windows import parse_duration
@@ -182,10 +182,14 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
         raise ConfigError(f"{where}: each target needs a url")
     merged = {**defaults, **entry}
     try:
+        timeout = cliargs.seconds(merged.get("timeout", names.DEFAULT_TIMEOUT_SECONDS))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: timeout: {exc}") from None
+    try:
         target = TargetConfig(
             url=validate_url(str(merged["url"])),
             name=str(merged.get("name") or ""),
-            timeout=float(merged.get("timeout", names.DEFAULT_TIMEOUT_SECONDS)),
+            timeout=timeout,
             bearer_token_file=merged.get("bearer_token_file"),
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
@@ -289,11 +293,15 @@ def build_config(
     log_cfg = requests_log_from(log_data, flags and "--requests-log" or cf.where(
         "requests_log")) if log_data else None
 
+    if interval is None:
+        try:  # a duration (5s) or seconds, like --interval; the file's place when it is not
+            interval = cliargs.seconds(data.get("interval", names.DEFAULT_INTERVAL_SECONDS))
+        except ValueError as exc:
+            raise ConfigError(f"{cf.where('interval')}: interval: {exc}") from None
     try:
         cfg = ExporterConfig(
             targets=name_targets(target_list),
-            interval=float(interval if interval is not None
-                           else data.get("interval", names.DEFAULT_INTERVAL_SECONDS)),
+            interval=float(interval),
             listen_address=str(listen_address or data.get("listen_address")
                                or names.DEFAULT_LISTEN_ADDRESS),
             windows=tuple(windows or data.get("windows") or names.DEFAULT_WINDOWS),

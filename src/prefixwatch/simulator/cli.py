@@ -9,8 +9,8 @@ import sys
 import threading
 from typing import IO
 
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
 from prefixwatch.simulator.driver import Driver, get_scenario
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.kvevents import KVEventsOptions
@@ -20,13 +20,6 @@ from prefixwatch.simulator.scenarios import describe
 from prefixwatch.simulator.server import Replica, ReplicaServer
 
 log = logging.getLogger("prefixwatch.simulate")
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative(text: str) -> float:
@@ -55,22 +48,24 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                    help="workload to run (default static-system-prompt; see --list-scenarios)")
     p.add_argument("--rate", type=_non_negative, default=4.0, metavar="REQ_PER_S",
                    help="requests per second over all replicas (default 4; 0 = serve only)")
-    p.add_argument("--switch-at", type=_duration, metavar="DURATION",
+    p.add_argument("--switch-at", type=cliargs.duration, metavar="DURATION",
                    help="switch to --switch-to after this long, e.g. 10m (a bad deploy)")
     p.add_argument("--switch-to", metavar="NAME", help="scenario to switch to")
-    p.add_argument("--restart-at", type=_duration, metavar="DURATION",
+    p.add_argument("--restart-at", type=cliargs.duration, metavar="DURATION",
                    help="restart every replica once after this long (cold cache, counters reset)")
     p.add_argument("--replicas", type=int, metavar="N",
                    help="number of replicas (default: the scenario's, usually 1)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, metavar="P",
-                   help="first port; replica i listens on P+i (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                   help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, metavar="PORT",
+                   help="first port; replica i listens on PORT+i (default 8000)")
     p.add_argument("--routing", choices=["round-robin", "prefix-affinity"],
                    help="how the workload spreads over replicas (default: the scenario's)")
     p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
                    help="metric names to serve (default vllm)")
-    p.add_argument("--model", default=defaults.model, help=f"model name (default {defaults.model})")
-    p.add_argument("--block-size", type=int, default=defaults.block_size,
+    p.add_argument("--model", default=defaults.model, metavar="NAME",
+                   help=f"model name (default {defaults.model})")
+    p.add_argument("--block-size", type=int, default=defaults.block_size, metavar="N",
                    help=f"tokens per KV block (default {defaults.block_size})")
     p.add_argument("--kv-blocks", type=int, metavar="N",
                    help=f"KV pool size per replica in blocks (default: the scenario's, "
@@ -88,11 +83,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                    default=defaults.kv_cache_metrics_sample, metavar="RATE",
                    help=f"share of blocks tracked, as vLLM's flag (default "
                         f"{defaults.kv_cache_metrics_sample:g})")
-    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
+    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len, metavar="N",
                    help=f"longest prompt plus output (default {defaults.max_model_len})")
-    p.add_argument("--prefill-tokens-per-s", type=float, default=defaults.prefill_tokens_per_s,
+    p.add_argument("--prefill-tokens-per-s", type=float, metavar="N",
+                   default=defaults.prefill_tokens_per_s,
                    help=f"modelled prefill throughput (default {defaults.prefill_tokens_per_s:g})")
-    p.add_argument("--time-per-output-token", type=float,
+    p.add_argument("--time-per-output-token", type=float, metavar="SECONDS",
                    default=defaults.time_per_output_token,
                    help=f"modelled decode time per token in seconds "
                         f"(default {defaults.time_per_output_token:g})")
@@ -115,8 +111,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-events-replay-port", type=int, metavar="N",
                    help="also serve vLLM's replay endpoint (ROUTER): replica i binds "
                         "tcp://HOST:N+i and resends buffered messages from a sequence number")
-    p.add_argument("--seed", type=int, default=1, help="workload random seed (default 1)")
-    p.add_argument("--duration", type=_duration, metavar="DURATION",
+    p.add_argument("--seed", type=int, default=1, metavar="N",
+                   help="workload random seed (default 1)")
+    p.add_argument("--duration", type=cliargs.duration, metavar="DURATION",
                    help="stop after this long (default: run until Ctrl-C)")
 
 
