@@ -190,6 +190,14 @@ OUT_DIVERGENCE_KIND = OutMetric(
 OUT_DIVERGENCE_TOP_KIND = OutMetric(
     "prefixwatch_prefix_divergence_top_kind", "gauge",
     "1 on the most frequent divergence kind of the window.", (L_MODEL, L_WINDOW, L_KIND))
+L_POSITION = "position"
+L_CULPRIT = "culprit"
+OUT_CULPRIT = OutMetric(
+    "prefixwatch_prefix_culprit", "gauge",
+    "What varies early in the prompts of the diagnosis window, from the KV event stream or "
+    "the requests log: its kind, the token where requests most often part, and the sentence "
+    "every surface shows; the value is its share of the early divergences.",
+    (L_MODEL, L_KIND, L_POSITION, L_CULPRIT))
 OUT_REQUESTS_LOG_LINES = OutMetric(
     "prefixwatch_requests_log_lines", "counter",
     "Lines read from the requests log, by result (request, truncated, skipped, other).",

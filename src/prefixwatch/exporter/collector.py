@@ -27,6 +27,7 @@ from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
 from prefixwatch.core.ledger import ratios as ledger_ratios
 from prefixwatch.core.names import OutMetric
 from prefixwatch.core.schemas import SourceSchema
+from prefixwatch.core.story import Culprit
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import ratio
 from prefixwatch.exporter.evidence import served_tokens
@@ -47,6 +48,8 @@ class DiagnosisState:
         self.diagnosis = Diagnosis()
         self.requests: dict[str, RequestEvidence] = {}
         self.kinds: dict[str, Counter[str]] = {}
+        #: Each model's culprit over the diagnosis window (core/story.py), when one is known.
+        self.culprits: dict[str, Culprit] = {}
 
     def update(self, diagnosis: Diagnosis, requests: dict[str, RequestEvidence],
                kinds: dict[str, Counter[str]]) -> None:
@@ -159,6 +162,10 @@ class PrefixwatchCollector(Collector):
                 for cause in causes.CAUSE_NAMES:
                     diag.add_metric([target, model, cause], 1.0 if held.get(cause) else 0.0)
             window = self.state.window
+            culprit = family(names.OUT_CULPRIT)
+            for model, found in sorted(self.state.culprits.items()):
+                culprit.add_metric([model, found.kind, str(found.position), found.words],
+                                   found.share)
             for model, req in sorted(self.state.requests.items()):
                 _put(family, names.OUT_ACHIEVABLE, [model, window], req.achievable)
                 kinds = self.state.kinds.get(model, Counter())

@@ -24,6 +24,7 @@ from prometheus_client.exposition import choose_encoder
 
 from prefixwatch.core import names, schemas, settings
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
+from prefixwatch.core.story import Culprit, culprit_of
 from prefixwatch.core.version import __version__
 from prefixwatch.core.windows import parse_duration
 from prefixwatch.exporter import scrape
@@ -33,6 +34,7 @@ from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import BoundedHTTPServer
 from prefixwatch.exporter.kvevents import KvEvents
+from prefixwatch.exporter.kvevents.kinds import recent_divergences
 from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor
@@ -186,7 +188,25 @@ class Exporter:
         result = diagnose(evidence, requests, self.config.thresholds, self.cold_seconds,
                           self.config.hit_ratio_mode)
         self.state.update(result, requests, kinds)
+        found = self.culprits(now, self.diag_seconds)
+        with self.state.lock:
+            self.state.culprits = found
         self._log_changes(result)
+
+    def culprits(self, now: float, seconds: float) -> dict[str, Culprit]:
+        """Each model's culprit over the last ``seconds``: from the KV event streams (they
+        see every request), else from the requests log (core/story.py names it)."""
+        found = {model: c for model, counts in
+                 recent_divergences(self.kv.all_sources(), now - seconds).items()
+                 if (c := culprit_of(counts)) is not None}
+        if self.view is not None:
+            wanted = self.config.requests_log.model if self.config.requests_log else None
+            from_log = culprit_of(self.view.divergences(seconds))
+            models = [wanted] if wanted else sorted({m for _t, m in self.state.diagnosis.causes})
+            for model in models:
+                if from_log is not None and model not in found:
+                    found[model] = from_log
+        return found
 
     def _log_changes(self, result: Diagnosis) -> None:
         """Say so when a target's causes change (not on every round)."""

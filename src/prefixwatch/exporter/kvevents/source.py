@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from prefixwatch.core import kvevents, names
@@ -18,6 +19,8 @@ from prefixwatch.core.kvevents import BatchDecoder, DecodeError
 from prefixwatch.core.kvmirror import FleetContent, MirrorSnapshot, TargetMirror
 
 log = logging.getLogger("prefixwatch.exporter.kvevents")
+#: Named divergences a source keeps for the culprit (a few minutes of a busy engine).
+NAMED_DIVERGENCES = 4096
 
 #: Batches held while the target's model is not known yet (its first poll), at most.
 HOLD_MESSAGES = 1024
@@ -63,6 +66,9 @@ class KvSource:
         self.max_message_bytes = max_message_bytes
         self.max_resident = max_resident
         self.lock = threading.Lock()
+        #: The recent divergences the kind namer named: (time, model, kind, token position),
+        #: for the culprit (core/story.py); bounded.
+        self.named: deque[tuple[float, str, str, int]] = deque(maxlen=NAMED_DIVERGENCES)
         self.mirror: TargetMirror | None = None
         self.connected = False
         self.decoding = True
