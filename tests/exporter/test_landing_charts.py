@@ -7,12 +7,13 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from prefixwatch.exporter.chartbins import BINS, bin_history
 from prefixwatch.exporter.charts import svg_chart
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
-from prefixwatch.exporter.landing import charts_section, render_landing
+from prefixwatch.exporter.landing import charts, charts_section, render_landing
 from prefixwatch.exporter.service import Exporter
 from tests import browser
 from tests.conftest import PageServer, with_counters
@@ -61,7 +62,8 @@ def test_every_label_value_is_escaped(vllm_page: str) -> None:
     html = render_landing(exporter)
     assert "<img" not in html and "<b>x" not in html
     assert "&lt;img src=x onerror=" in html
-    assert html.count('<svg class="chart"') == 2  # the fleet and the one target
+    assert html.count('<svg class="chart big"') == 1  # the fleet's headline chart, with axes
+    assert html.count('<svg class="chart"') == 1  # the one target's card
 
 
 def test_landing_page_renders_in_chromium(vllm_page: str, tmp_path: Path) -> None:
@@ -76,7 +78,8 @@ def test_landing_page_renders_in_chromium(vllm_page: str, tmp_path: Path) -> Non
         body = requests.get(url, timeout=5).text
         assert "http-equiv='refresh'" in body and "src=" not in body  # nothing fetched
         loaded = browser.load(url)
-        assert loaded.dom.count('class="chart"') == 4  # one fleet chart, three targets
+        assert loaded.dom.count('class="chart big"') == 1  # one fleet chart, with axes
+        assert loaded.dom.count('class="chart"') == 3  # three targets' cards
         assert "diagnosis:" in loaded.dom
         assert loaded.console_errors == []
         shot = tmp_path / "landing.png"
@@ -112,8 +115,13 @@ def _page(page: str, queries: float, hits: float, ttft: float, slow: float,
 
 
 def _same_render(exporter: Exporter, now: float) -> str:
-    cached = charts_section(exporter, now)
-    assert cached == charts_section(exporter, now, cached=False)
+    """The cards drawn from the cache equal those drawn from scratch, and so do the fleet
+    charts the headline draws with axes."""
+    fleet, cached = charts(exporter, now)
+    fresh_fleet, fresh = charts(exporter, now, cached=False)
+    assert cached == fresh
+    assert ({m: c.svg_with_axes(0.5, m) for m, c in fleet.items()}
+            == {m: c.svg_with_axes(0.5, m) for m, c in fresh_fleet.items()})
     return cached
 
 
@@ -129,7 +137,12 @@ def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
         exporter.monitors[0].ingest(page, start + i * 10)
     html = charts_section(exporter, start + 600)
     assert "effective hit ratio" in html
-    assert html.count('<span class="ok">90.0%</span>') == 2, html  # the fleet and the target
+    assert html.count('<span class="ok">90.0%</span>') == 1, html  # the target's card
+    fleet = charts(exporter, start + 600)[0][MODEL]
+    assert fleet.current() == pytest.approx(0.9)  # the headline's chart, with axes
+    axes = fleet.svg_with_axes(0.5, "fleet")
+    assert all(f">{tick}%</text>" in axes for tick in (0, 25, 50, 75, 100)), axes
+    assert len(re.findall(r">\d\d:\d\d:\d\d</text>", axes)) == 5  # clock times below
 
 
 def test_landing_page_fits_1280_pixels(vllm_page: str, tmp_path: Path) -> None:
@@ -174,10 +187,10 @@ def test_cached_render_equals_a_fresh_one(vllm_page: str) -> None:
         if i % 9 != 4:  # b misses a poll now and then: it lags a
             b.ingest(_page(vllm_page, queries, hits / 2, ttft, slow), now + 1.5)
         html = _same_render(exporter, now + 3)
-        widths.add(re.search(r"one point per ([^;]+);", html).group(1))
+        widths.add(re.search(r"one point per ([^<]+)<", html).group(1))
         if i == 45:
             assert OTHER in html
-    assert html.count('<svg class="chart"') == 2 + 3  # two fleet charts, three target charts
+    assert html.count('<svg class="chart"') == 3  # three target charts (the fleets': above)
     assert "TTFT p50 peak" in html and len(widths) >= 2
 
 

@@ -392,3 +392,26 @@ KV_ERROR_REASONS: tuple[str, ...] = (
     KV_ERROR_MIRROR_FULL,     # resident copies past the target's cap: not mirrored
     KV_ERROR_HISTORY_FULL,    # old content forgotten by the model's cap
 )
+#: Each reason in words, where its count is shown (the landing page): what happened and
+#: whether it matters.
+KV_ERROR_MEANINGS: dict[str, str] = {
+    "malformed_payload": "messages that are not a KV event batch (dropped)",
+    "unknown_event_type": "events of a type this version does not know (skipped, the rest "
+                          "used)",
+    "wrong_frame_count": "messages of other than three frames (dropped)",
+    "bad_sequence": "messages whose sequence number is not 8 bytes (dropped)",
+    "too_large": "messages over the size limit (dropped)",
+    "unknown_topic": "messages on a topic no target is mapped to (listen mode)",
+    "sequence_restart": "times the engine's sequence went back (a restart): its blocks "
+                        "forgotten",
+    "replay_timeout": "replays of missed messages that did not finish in time",
+    "replay_error": "replays that answered something unusable",
+    "disconnected": "times the stream dropped (reconnected on its own)",
+    KV_ERROR_TOKENS: "stored blocks without their tokens: their content is unknown",
+    KV_ERROR_UNKNOWN_PARENT: "chains whose first parent was stored before the exporter "
+                             "listened: their start is unknown, the rest is counted",
+    KV_ERROR_UNKNOWN_BLOCK: "removals of blocks stored before the exporter listened: "
+                            "harmless, expected for a while after it starts",
+    KV_ERROR_MIRROR_FULL: "resident copies past the target's cap: not mirrored",
+    KV_ERROR_HISTORY_FULL: "old content forgotten at the model's cap",
+}

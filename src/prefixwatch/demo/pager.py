@@ -19,10 +19,23 @@ from prefixwatch.mixin import alertmanager
 log = logging.getLogger("prefixwatch.demo")
 
 
-def _diagnosis(description: str) -> str:
-    """The ``Diagnosis: ...`` clause the alert rules append to each description."""
-    _, sep, diagnosis = description.partition(" Diagnosis: ")
-    return diagnosis.strip() if sep else "-"
+#: The clauses the alert rules append to a description, in their order.
+CLAUSES = (("diagnosis", " Diagnosis: "), ("culprit", " Culprit: "),
+           ("ledger", " Largest miss: "))
+
+
+def clauses(description: str) -> dict[str, str]:
+    """The ``Diagnosis:``, ``Culprit:`` and ``Largest miss:`` clauses of a description, each
+    without its label ('-' for an absent diagnosis)."""
+    found: dict[str, str] = {}
+    rest = description
+    for name, mark in reversed(CLAUSES):
+        head, sep, text = rest.partition(mark)
+        if sep:
+            found[name] = text.strip().rstrip(".") if name != "diagnosis" else text.strip()
+            rest = head
+    found.setdefault("diagnosis", "-")
+    return found
 
 
 def format_notification(alert: dict[str, Any]) -> list[str]:
@@ -38,7 +51,12 @@ def format_notification(alert: dict[str, Any]) -> list[str]:
              f"({severity or 'no severity'}{', model ' + model if model else ''}) "
              f"{notes.get('summary', '')}".rstrip()]
     if alert.get("status") != "resolved":
-        lines.append(f"    diagnosis: {_diagnosis(notes.get('description', ''))}")
+        said = clauses(notes.get("description", ""))
+        lines.append(f"    diagnosis: {said['diagnosis']}")
+        if "culprit" in said:
+            lines.append(f"    culprit:   {said['culprit']}")
+        if "ledger" in said:
+            lines.append(f"    largest miss: {said['ledger']}")
     if notes.get("runbook_url"):
         lines.append(f"    runbook:   {notes['runbook_url']}")
     return lines

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import yaml
+
 from prefixwatch.core import causes, cliargs, names, rulenames, settings
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
@@ -197,7 +199,7 @@ def run_demo(args: argparse.Namespace) -> int:
         config = build_config(
             targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
             interval=max(0.5, names.DEFAULT_INTERVAL_SECONDS * scale),
-            windows=[scaled(w, scale) for w in names.DEFAULT_WINDOWS] if scale != 1 else None,
+            windows=story_windows(scale),
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
             cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log)
         exporter = Exporter(config)
@@ -221,8 +223,9 @@ def run_demo(args: argparse.Namespace) -> int:
             parts.add_with_deadline("Prometheus and Alertmanager",
                                     lambda deadline: backends.stop(deadline - KILL_MARGIN))
             backends.start(binaries[0], binaries[1], printer.url)  # type: ignore[arg-type]
-        print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at),
-              flush=True)
+        status_file = _write_status_config(state, _with_kv_events(targets, sim), scale)
+        print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at,
+                       status_file), flush=True)
         began = time.time()
         received = wait_for_signal(duration)
         # Ctrl-C is someone at the terminal who wants the run's report; SIGTERM is a
@@ -234,6 +237,28 @@ def run_demo(args: argparse.Namespace) -> int:
             log.info("SIGTERM: stopping without the incident report (Ctrl-C writes one)")
     log.info("demo stopped")
     return 0
+
+
+def story_windows(scale: float) -> list[str]:
+    """The exporter's windows: the paging window first (the landing page's headline reads
+    the first, so it names the ratio and window the page names), then the defaults; all
+    scaled."""
+    wanted = [settings.CRITICAL_SHORT_WINDOW, *names.DEFAULT_WINDOWS]
+    return list(dict.fromkeys(scaled(w, scale) for w in wanted))
+
+
+def _write_status_config(state: Path, targets: list, scale: float) -> Path:
+    """A config for `prefixwatch status` that sees what the demo's exporter sees: every
+    replica with its KV event stream, and the diagnosis' scaled windows."""
+    path = state / "status.yml"
+    path.write_text(
+        "# Written by `prefixwatch demo`: `prefixwatch status --config` this file sees what "
+        "the demo's exporter sees.\n" + yaml.safe_dump({
+            "targets": [t if isinstance(t, dict) else {"url": t} for t in targets],
+            settings.DIAGNOSIS_KEY: {"window": scaled(causes.DIAGNOSIS_WINDOW, scale),
+                                     "cold_start": scaled(causes.COLD_START, scale)}},
+            sort_keys=False))
+    return path
 
 
 def _with_kv_events(targets: list[str], sim) -> list:  # noqa: ANN001 - a Simulation or None
@@ -283,7 +308,7 @@ def graph_link(graph_page: str, scale: float) -> str:
 
 def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Exporter,
              backends: Backends | None, printer: NotificationPrinter | None, state: Path,
-             switch_at: float) -> str:
+             switch_at: float, status_file: Path) -> str:
     host = exporter.config.listen_host_port[0]
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scale = args.time_scale
@@ -312,14 +337,12 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
         lines.append("  Prometheus/Alertmanager: not started (--no-prometheus)")
     else:
         lines.append(f"  Prometheus/Alertmanager: not installed ({INSTALL_HINT})")
-    cold = scaled(causes.COLD_START, scale)
+    gap = scaled(settings.CRITICAL_SHORT_WINDOW, scale)  # the window the page names
     lines += [f"  Grafana: not started (not in Debian's package sources); import "
               f"{state / 'dashboards'}/*.json into your Grafana, or use docker compose up; "
               f"meanwhile http://{host}:{exporter.port}/ charts the hit ratio and TTFT",
               f"  state:         {state}" + ("" if args.data_dir else " (removed on exit; "
                                                                        "--data-dir keeps it)"),
-              f"  try: prefixwatch status --target {targets[0]} --cold-start {cold}"
-              + (f" --kv-events {sim.kv_events_endpoints[0]}"
-                 if sim is not None and sim.kv_events_endpoints else ""),
+              f"  try: prefixwatch status --config {status_file} --gap {gap}",
               "  Ctrl-C stops everything.", ""]
     return "\n".join(lines)

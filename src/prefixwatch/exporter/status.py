@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from prefixwatch.core import causes, schemas, tiers
-from prefixwatch.core.diagnosis import diagnose
+from prefixwatch.core import causes, schemas, settings, tiers
+from prefixwatch.core.diagnosis import RequestEvidence, diagnose, event_evidence
 from prefixwatch.core.ledger import table as ledger_table
+from prefixwatch.core.story import Culprit, headline, window_words
 from prefixwatch.core.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
 
@@ -40,6 +42,26 @@ class StatusRow:
     lifetime_effective: float | None = None
     #: Share of the gap's prompt tokens by tier, and "recomputed" for the rest.
     tier_split: dict[str, float] | None = None
+    #: The gap's figures themselves, for the fleet's ratio (summed before dividing).
+    gap: WindowFigures | None = None
+    #: What varies early in this model's prompts over the gap (KV event streams), if known.
+    culprit: Culprit | None = None
+
+
+#: What the KV event streams add to the diagnosis over the gap: each model's request evidence
+#: (the measured ledger) and culprit.
+Story = tuple[dict[str, RequestEvidence], dict[str, Culprit]]
+
+
+@dataclass(frozen=True)
+class FleetLine:
+    """One model's story over the gap, the targets summed: the headline every surface shows."""
+
+    model: str
+    ratio: float | None
+    causes: tuple[str, ...] = ()
+    culprit: Culprit | None = None
+    targets: list[str] = field(default_factory=list)
 
 
 def tier_shares(by_tier: dict[str, float], queries: float) -> dict[str, float] | None:
@@ -51,8 +73,10 @@ def tier_shares(by_tier: dict[str, float], queries: float) -> dict[str, float] |
     return shares
 
 
-def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
-    """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap."""
+def collect_status(config: ExporterConfig, gap: float,
+                   story: Callable[[], Story] | None = None) -> list[StatusRow]:
+    """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap.
+    ``story``: called after the second poll, what the KV event streams measured over it."""
     windows = {"gap": gap}
     monitors = [TargetMonitor(t, windows, gap, extra_windows=(gap,)) for t in config.targets]
     for mon in monitors:
@@ -62,7 +86,8 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
         mon.poll()
     now = time.time()
     evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
-    found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),
+    requests, culprits = story() if story is not None else ({}, {})
+    found = diagnose(evidence, requests, config.thresholds, parse_duration(config.cold_start),
                      config.hit_ratio_mode)
     rows: list[StatusRow] = []
     for mon in monitors:
@@ -98,8 +123,40 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
                 effective_ratio=wf.effective_ratio if wf else None,
                 lifetime_effective=figures.lifetime_effective,
                 tier_split=tier_shares(wf.tiers, wf.queries) if wf else None,
+                gap=wf, culprit=culprits.get(model),
             ))
     return rows
+
+
+def fleet_lines(rows: list[StatusRow], mode: str) -> list[FleetLine]:
+    """Each model's ratio over the gap with every target's tokens summed before dividing,
+    the causes any of its targets shows, and its culprit."""
+    out = []
+    for model in sorted({r.model for r in rows if not r.error}):
+        mine = [r for r in rows if r.model == model and not r.error]
+        figures = [r.gap for r in mine if r.gap is not None]
+        total = WindowFigures.summed(figures) if figures else None
+        value = None if total is None else (
+            total.hit_ratio if mode == settings.HIT_RATIO_DEVICE else total.effective_ratio)
+        named = tuple(sorted({c for r in mine for c in r.causes}))
+        culprit = next((r.culprit for r in mine if r.culprit is not None), None)
+        out.append(FleetLine(model, value, named, culprit, [r.target for r in mine]))
+    return out
+
+
+def ratio_name(mode: str) -> str:
+    """How every surface names the ratio that pages (report/model.py's ratio_label too)."""
+    return "device hit ratio" if mode == settings.HIT_RATIO_DEVICE else "effective hit ratio"
+
+
+def story_lines(rows: list[StatusRow], gap: float, mode: str) -> list[str]:
+    """The answer first: each model's fleet ratio over the gap, cause and culprit."""
+    out = []
+    for line in fleet_lines(rows, mode):
+        scope = "fleet" if len(line.targets) > 1 else line.targets[0]
+        out.append(f"{line.model} ({scope}): " + headline(
+            ratio_name(mode), line.ratio, window_words(gap), line.causes, line.culprit))
+    return out
 
 
 def _pct(value: float | None) -> str:
@@ -110,7 +167,9 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, fmt)
 
 
-def render(rows: list[StatusRow], gap: float) -> str:
+def render(rows: list[StatusRow], gap: float, mode: str = settings.DEFAULT_HIT_RATIO_MODE
+           ) -> str:
+    story = story_lines(rows, gap, mode)
     headers = ("TARGET", "MODEL", "ENGINE", f"HIT({gap:g}s)", f"EFF({gap:g}s)", "HIT(life)",
                "EFF(life)", "QTOK/S", "TTFT p50", "TTFT p95", "KV USE", "BLOCK", "NOTE")
     table = [headers]
@@ -127,8 +186,9 @@ def render(rows: list[StatusRow], gap: float) -> str:
             _num(r.ttft_p95, ".3f") + ("s" if r.ttft_p95 is not None else ""),
             _pct(r.kv_usage), _num(r.block_size, "d") if r.block_size else "-", note))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in table]
+    lines = [*story, *([""] if story else []), *(
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in table)]
     split = [r for r in rows if r.tier_split]
     if split:
         lines += ["", f"Prompt tokens by cache tier over the {gap:g}s gap (HIT is the device "
@@ -141,8 +201,9 @@ def render(rows: list[StatusRow], gap: float) -> str:
     summaries = {c.name: c.summary for c in causes.CAUSES}
     diagnosed = [r for r in rows if not r.error]
     if diagnosed:
-        lines += ["", f"Diagnosis over the {gap:g}s gap (rules: docs/runbooks.md#diagnosis; "
-                      "prefix_divergence and routing_spread need the exporter's --requests-log):"]
+        lines += ["", f"Diagnosis over the {window_words(gap)} gap (rules: "
+                      "docs/runbooks.md#diagnosis; prefix_divergence and routing_spread need "
+                      "--kv-events or a requests_log in the --config file):"]
         for r in diagnosed:
             named = "; ".join(f"{c}: {summaries[c]}" for c in r.causes) or "none diagnosed"
             lines.append(f"  {r.target} {r.model}: {named}")
@@ -152,7 +213,8 @@ def render(rows: list[StatusRow], gap: float) -> str:
 LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
                     "eviction) needs a KV event stream (--kv-events ENDPOINT; "
                     "kv_events per target in the config file) or a request log "
-                    "(--requests-log PATH): docs/runbooks.md#the-hit-rate-ledger.")
+                    "(requests_log in the config file; the exporter's --requests-log PATH): "
+                    "docs/runbooks.md#the-hit-rate-ledger.")
 
 
 def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
@@ -189,13 +251,30 @@ class EventLedgerStatus:
         self.exporter = Exporter(config)
         self.exporter.kv.start()
         self.exporter.poll_round()  # the baseline: the counters as the streams start
+        self.started = time.time()
+        self.polled = False
+
+    def story(self) -> Story:
+        """What the streams measured since the baseline: each model's ledger as request
+        evidence, and its culprit (the divergences named so far, the pending ones too)."""
+        exp = self.exporter
+        exp.poll_round()
+        self.polled = True
+        exp.kv.name_pending()
+        requests = {}
+        for model in exp.kv_ledgers.models():
+            span = exp.kv_ledgers.model_span(model, None)
+            if span is not None and span.prompt > 0:
+                requests[model] = event_evidence(span.shares, span.prompt, span.requests)
+        return requests, exp.culprits(time.time(), time.time() - self.started)
 
     def finish(self) -> list[str]:
         from prefixwatch.core.eventledger import event_table
 
         exp = self.exporter
         try:
-            exp.poll_round()
+            if not self.polled:
+                exp.poll_round()
             lines = ["", "Ledger from the KV event streams, over the gap (where the prompt "
                          "tokens went; docs/runbooks.md#the-hit-rate-ledger):"]
             for name, source in exp.kv.sources.items():
