@@ -312,12 +312,15 @@ def run_status(args: argparse.Namespace) -> int:
         collect_status,
         event_ledger_status,
         ledger_status,
+        log_culprits,
         render,
     )
 
     config = _config_from(args, with_exporter_flags=False)
     events = event_ledger_status(config)  # follows the streams through the gap
-    rows = collect_status(config, args.gap, events.story if events is not None else None)
+    story = events.story if events is not None else (
+        (lambda: ({}, log_culprits(config, []))) if config.requests_log else None)
+    rows = collect_status(config, args.gap, story)
     print(render(rows, args.gap, config.hit_ratio_mode))
     print("\n".join(events.finish() if events is not None else ledger_status(config, rows)))
     return 1 if any(r.error for r in rows) else 0

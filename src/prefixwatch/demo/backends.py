@@ -125,7 +125,7 @@ class Backends:
         placeholder page is no use to anyone)."""
         with contextlib.suppress(requests.RequestException):
             resp = requests.get(self.alertmanager_url + "/", timeout=5)
-            if resp.status_code == 200 and PLACEHOLDER_MARK not in resp.text:
+            if resp.status_code == 200 and PLACEHOLDER_MARK not in " ".join(resp.text.split()):
                 return ALERTMANAGER_UI
         return ALERTMANAGER_API
 

@@ -223,7 +223,8 @@ def run_demo(args: argparse.Namespace) -> int:
             parts.add_with_deadline("Prometheus and Alertmanager",
                                     lambda deadline: backends.stop(deadline - KILL_MARGIN))
             backends.start(binaries[0], binaries[1], printer.url)  # type: ignore[arg-type]
-        status_file = _write_status_config(state, _with_kv_events(targets, sim), scale)
+        status_file = _write_status_config(state, _with_kv_events(targets, sim), scale,
+                                           requests_log)
         print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at,
                        status_file), flush=True)
         began = time.time()
@@ -247,16 +248,20 @@ def story_windows(scale: float) -> list[str]:
     return list(dict.fromkeys(scaled(w, scale) for w in wanted))
 
 
-def _write_status_config(state: Path, targets: list, scale: float) -> Path:
+def _write_status_config(state: Path, targets: list, scale: float,
+                         requests_log: dict | None) -> Path:
     """A config for `prefixwatch status` that sees what the demo's exporter sees: every
-    replica with its KV event stream, and the diagnosis' scaled windows."""
+    replica with its KV event stream, the request log, and the diagnosis' scaled windows."""
     path = state / "status.yml"
+    extra = ({"requests_log": {"path": requests_log["path"], "follow": True}}
+             if requests_log else {})
     path.write_text(
         "# Written by `prefixwatch demo`: `prefixwatch status --config` this file sees what "
         "the demo's exporter sees.\n" + yaml.safe_dump({
             "targets": [t if isinstance(t, dict) else {"url": t} for t in targets],
             settings.DIAGNOSIS_KEY: {"window": scaled(causes.DIAGNOSIS_WINDOW, scale),
-                                     "cold_start": scaled(causes.COLD_START, scale)}},
+                                     "cold_start": scaled(causes.COLD_START, scale)},
+            **extra},
             sort_keys=False))
     return path
 
@@ -302,7 +307,7 @@ def graph_link(graph_page: str, scale: float) -> str:
     """Prometheus' graph of the ratio that pages (the critical alert's short window) over the
     story's range, not the UI's default hour."""
     ratio = quote(rulenames.r_ratio(rulenames.MODEL, settings.CRITICAL_SHORT_WINDOW))
-    span = mixin_config.prom_duration(max(60.0, round(STORY_SPAN * scale / 60) * 60))
+    span = mixin_config.prom_duration(max(120.0, round(STORY_SPAN * scale / 60) * 60))
     return f"{graph_page}?g0.expr={ratio}&g0.tab=0&g0.range_input={span}"
 
 

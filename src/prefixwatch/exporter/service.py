@@ -209,7 +209,10 @@ class Exporter:
         return found
 
     def _log_changes(self, result: Diagnosis) -> None:
-        """Say so when a target's causes change (not on every round)."""
+        """Say so when a target's causes change (not on every round); a one-shot reader
+        (`status`, which prints its own diagnosis) sets ``log_diagnosis`` False."""
+        if not getattr(self, "log_diagnosis", True):
+            return
         for key, causes in result.causes.items():
             active = sorted(c for c, on in causes.items() if on)
             before = self._active.get(key)

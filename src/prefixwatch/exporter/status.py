@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from prefixwatch.core import causes, schemas, settings, tiers
 from prefixwatch.core.diagnosis import RequestEvidence, diagnose, event_evidence
 from prefixwatch.core.ledger import table as ledger_table
-from prefixwatch.core.story import Culprit, headline, window_words
+from prefixwatch.core.story import Culprit, culprit_of, headline, window_words
 from prefixwatch.core.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
@@ -48,6 +48,8 @@ class StatusRow:
     culprit: Culprit | None = None
 
 
+#: The key of a culprit that holds for every model (a request log that names none).
+ANY_MODEL = ""
 #: What the KV event streams add to the diagnosis over the gap: each model's request evidence
 #: (the measured ledger) and culprit.
 Story = tuple[dict[str, RequestEvidence], dict[str, Culprit]]
@@ -123,7 +125,7 @@ def collect_status(config: ExporterConfig, gap: float,
                 effective_ratio=wf.effective_ratio if wf else None,
                 lifetime_effective=figures.lifetime_effective,
                 tier_split=tier_shares(wf.tiers, wf.queries) if wf else None,
-                gap=wf, culprit=culprits.get(model),
+                gap=wf, culprit=culprits.get(model, culprits.get(ANY_MODEL)),
             ))
     return rows
 
@@ -217,15 +219,11 @@ LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, lay
                     "docs/runbooks.md#the-hit-rate-ledger.")
 
 
-def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
-    """The ledger of the whole request log (read once), as a table; or why there is none."""
-    if config.requests_log is None:
-        return ["", LEDGER_NEEDS_LOG]
-    sizes = {r.block_size for r in rows if r.block_size}
-    pools = {r.pool_blocks for r in rows if not r.error}
-    pool = pools.pop() if len(pools) == 1 else None
-    view = RequestView(sizes.pop() if len(sizes) == 1 else 16,
-                       pool_blocks=lambda _replica: pool)
+def read_log(config: ExporterConfig, block_size: int | None = None,
+             pool: int | None = None) -> RequestView:
+    """The whole request log, read once into a request view (the audit's replay)."""
+    assert config.requests_log is not None
+    view = RequestView(block_size or 16, pool_blocks=lambda _replica: pool)
     view.ledger.single_replica = len(config.targets) == 1
     rl = config.requests_log
     reader = RequestsLogReader(type(rl)(**{**rl.__dict__, "follow": False}), view,
@@ -233,6 +231,27 @@ def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
     reader.start()
     reader.done.wait()
     reader.stop()
+    return view
+
+
+def log_culprits(config: ExporterConfig, models: list[str]) -> dict[str, Culprit]:
+    """The culprit of the request log's requests, for ``models`` (the log names none)."""
+    if config.requests_log is None:
+        return {}
+    found = culprit_of(read_log(config).divergences(math.inf))
+    wanted = [config.requests_log.model] if config.requests_log.model else models or [ANY_MODEL]
+    return {m: found for m in wanted} if found is not None else {}
+
+
+def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
+    """The ledger of the whole request log (read once), as a table; or why there is none."""
+    if config.requests_log is None:
+        return ["", LEDGER_NEEDS_LOG]
+    sizes = {r.block_size for r in rows if r.block_size}
+    pools = {r.pool_blocks for r in rows if not r.error}
+    view = read_log(config, sizes.pop() if len(sizes) == 1 else None,
+                    pools.pop() if len(pools) == 1 else None)
+    rl = config.requests_log
     totals, unmeasured = view.ledger_totals()
     if not totals.requests:
         return ["", f"Ledger: no request could be read from {rl.path}."]
@@ -249,6 +268,7 @@ class EventLedgerStatus:
         from prefixwatch.exporter.service import Exporter
 
         self.exporter = Exporter(config)
+        self.exporter.log_diagnosis = False  # status prints the diagnosis itself
         self.exporter.kv.start()
         self.exporter.poll_round()  # the baseline: the counters as the streams start
         self.started = time.time()
@@ -266,6 +286,9 @@ class EventLedgerStatus:
             span = exp.kv_ledgers.model_span(model, None)
             if span is not None and span.prompt > 0:
                 requests[model] = event_evidence(span.shares, span.prompt, span.requests)
+        # A short gap sees few chains from their start (the first blocks were stored before
+        # the streams were followed, so their positions are unknown): a followed request log
+        # (requests_log with follow: true) names the culprit then, from the gap's requests.
         return requests, exp.culprits(time.time(), time.time() - self.started)
 
     def finish(self) -> list[str]:

@@ -101,7 +101,9 @@ class KindNamer:
                 kind = classify(div, decode)
                 with source.lock:
                     source.kinds[kind] = source.kinds.get(kind, 0) + 1
-                    source.named.append((time.time(), mirror.fleet.model, kind, div.position))
+                    if div.root not in mirror.fleet.placeholder_roots:  # a position known
+                        source.named.append((time.time(), mirror.fleet.model, kind,
+                                             div.position))
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
