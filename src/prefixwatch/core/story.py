@@ -101,9 +101,10 @@ def root_causes(spans: Mapping[str, Iterable[tuple[float, float | None]]],
 
 
 def headline(ratio_name: str, ratio: float | None, window: str, causes: Iterable[str],
-             culprit: Culprit | None) -> str:
+             culprit: Culprit | str | None) -> str:
     """The story in one line: '<ratio name> 0.8% over 6s; cause: prefix_divergence;
     culprit: a date/time at token 21 of the prompt changes on every request'."""
     named = ", ".join(causes) or "none diagnosed"
     line = f"{ratio_name} {percent(ratio)} over {window}; cause: {named}"
-    return line + (f"; culprit: {culprit.words}" if culprit else "")
+    words = culprit.words if isinstance(culprit, Culprit) else culprit
+    return line + (f"; culprit: {words}" if words else "")
