@@ -7,7 +7,7 @@ Target: 10x. The prompts are generated once, before any timing, so neither side 
 each side runs --repeat times, interleaved, and the best run of each is compared (a shared
 machine only ever adds time).
 
-Two figures for prefixwatch: the prefix index alone (core/prefixindex.py, the exact radix trie
+Two figures for prefixwatch: the prefix index alone (core/cache/prefixindex.py, the exact radix trie
 that answers the same question as the naive loop: cacheable tokens and where each prompt
 diverges), and the whole Auditor, which also keeps the report and the hit-rate ledger.
 
@@ -78,7 +78,7 @@ def index_only(prompts: list[list[int]]) -> tuple[int, int]:
     """The index as the audit runs it: with the Auditor's garbage-collector policy (its
     long-lived edges moved out of the collector's way every FREEZE_EVERY requests)."""
     from prefixwatch.audit.analysis import Auditor
-    from prefixwatch.core.prefixindex import PrefixIndex
+    from prefixwatch.core.cache.prefixindex import PrefixIndex
 
     index = PrefixIndex(BLOCK)
     cacheable = total = 0

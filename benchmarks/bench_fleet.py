@@ -66,12 +66,12 @@ def metric(text: str, name: str) -> float | None:
 def history_memory(targets: int, interval: float) -> float:
     """MB held by `targets` monitors after a full longest window (1 h) of history, built in
     virtual time from the real page (the live run above is too short to fill it)."""
-    from prefixwatch.core import names
-    from prefixwatch.core.windows import parse_duration
+    from prefixwatch.core.vocab import exposition
+    from prefixwatch.core.vocab.windows import parse_duration
     from prefixwatch.exporter.config import TargetConfig
     from prefixwatch.exporter.monitor import TargetMonitor
 
-    windows = {w: parse_duration(w) for w in names.DEFAULT_WINDOWS}
+    windows = {w: parse_duration(w) for w in exposition.DEFAULT_WINDOWS}
     q_line = next(ln for ln in PAGE.splitlines() if ln.startswith("vllm:prefix_cache_queries"))
     polls = int(max(windows.values()) / interval) + 10
     pages = [PAGE.replace(q_line, q_line.rsplit(" ", 1)[0] + f" {13902 + 2400 * i}.0")

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import msgspec
 
-from prefixwatch.core.kvevents import BatchDecoder
-from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+from prefixwatch.core.kv.codec import BatchDecoder
+from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kv_events"
 

@@ -50,7 +50,7 @@ def endless_log(seed: int = 11) -> Iterator[str]:
 
 def child(variant: str, requests: int) -> None:
     from prefixwatch.audit.analysis import Auditor
-    from prefixwatch.core.logformat import LogRequest, VllmLogJoiner, parse_line
+    from prefixwatch.core.logs.formats import LogRequest, VllmLogJoiner, parse_line
     from prefixwatch.exporter.requestlog.reader import RequestsLogConfig, RequestsLogReader
     from prefixwatch.exporter.requestlog.view import RequestView
 

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prefixwatch.core import rulenames  # noqa: E402
+from prefixwatch.core.vocab import rulenames  # noqa: E402
 from prefixwatch.report import Request, write_report  # noqa: E402
 from prefixwatch.simulator.engine import EngineConfig  # noqa: E402
 from tests.report.loopback import LoopbackStack  # noqa: E402

@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from prefixwatch.core import causes, names
+from prefixwatch.core.vocab import causes, exposition
 from prefixwatch.exporter.config import ConfigError, build_config
 from tests.conftest import PageServer, free_port, with_counters
 
@@ -102,11 +102,11 @@ def test_config_precedence(tmp_path) -> None:
     flags = build_config(config_file=str(path), targets=["http://x:1/metrics"], interval=3,
                          environ={})
     assert [t.url for t in flags.targets] == ["http://x:1/metrics"] and flags.interval == 3
-    env = build_config(environ={names.ENV_TARGETS: "http://e1:1/metrics, http://e2:1/metrics"})
+    env = build_config(environ={exposition.ENV_TARGETS: "http://e1:1/metrics, http://e2:1/metrics"})
     assert [t.name for t in env.targets] == ["e1:1", "e2:1"]
     default = build_config(environ={})
-    assert default.targets[0].url == names.DEFAULT_TARGET
-    assert default.listen_address == f"0.0.0.0:{names.DEFAULT_PORT}"
+    assert default.targets[0].url == exposition.DEFAULT_TARGET
+    assert default.listen_address == f"0.0.0.0:{exposition.DEFAULT_PORT}"
     same_host = build_config(targets=["http://h:1/a", "http://h:1/b"], environ={})
     assert [t.name for t in same_host.targets] == ["http://h:1/a", "http://h:1/b"]
     with pytest.raises(ConfigError):
@@ -295,7 +295,7 @@ def test_bad_rules_yaml_names_file_line_and_column(tmp_path) -> None:
 
 def _demo(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_TARGETS",
-                                                            names.ENV_TARGETS)}
+                                                            exposition.ENV_TARGETS)}
     return run("demo", "--sim-port", "0", *args, env=env)
 
 

@@ -18,9 +18,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from prefixwatch.core import causes, cliargs, names
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.version import __version__
+from prefixwatch.core.vocab import causes, exposition
 
 log = logging.getLogger("prefixwatch")
 
@@ -96,13 +97,13 @@ GLOBAL_OPTIONS = ("--log-level",)
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", metavar="URL", dest="targets",
                    help=f"a /metrics URL to poll; repeat for several "
-                        f"(default: ${names.ENV_TARGETS}, comma-separated, or "
-                        f"{names.DEFAULT_TARGET})")
+                        f"(default: ${exposition.ENV_TARGETS}, comma-separated, or "
+                        f"{exposition.DEFAULT_TARGET})")
     p.add_argument("--config", metavar="FILE", dest="config_file",
                    help=f"YAML config file (every key: `prefixwatch example-config "
-                        f"exporter`; default: ${names.ENV_CONFIG})")
+                        f"exporter`; default: ${exposition.ENV_CONFIG})")
     p.add_argument("--timeout", type=cliargs.duration, metavar="DURATION",
-                   help=f"per-target poll timeout (default {names.DEFAULT_TIMEOUT_SECONDS:g})")
+                   help=f"per-target poll timeout (default {exposition.DEFAULT_TIMEOUT_SECONDS:g})")
     p.add_argument("--bearer-token-file", metavar="FILE",
                    help="send 'Authorization: Bearer <file contents>' to every target")
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify HTTPS targets")
@@ -114,7 +115,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                         "kv_events per target in the config file")
     p.add_argument("--max-body-bytes", type=cliargs.count, metavar="N",
                    help=f"refuse pages larger than N bytes "
-                        f"(default {names.DEFAULT_MAX_BODY_BYTES})")
+                        f"(default {exposition.DEFAULT_MAX_BODY_BYTES})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,14 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "time windows, normalized counters and TTFT as prefixwatch_* series.")
     _add_target_flags(exp)
     exp.add_argument("--interval", type=cliargs.duration, metavar="DURATION",
-                     help=f"poll interval (default {names.DEFAULT_INTERVAL_SECONDS:g})")
+                     help=f"poll interval (default {exposition.DEFAULT_INTERVAL_SECONDS:g})")
     exp.add_argument("--listen-address", metavar="HOST:PORT",
-                     help=f"where to serve /metrics (default {names.DEFAULT_LISTEN_ADDRESS}, every "
-                          "interface; 127.0.0.1:PORT keeps it on loopback)")
+                     help="where to serve /metrics (default "
+                          f"{exposition.DEFAULT_LISTEN_ADDRESS}, every interface; "
+                          "127.0.0.1:PORT keeps it on loopback)")
     exp.add_argument("--window", action="append", metavar="DURATION", dest="windows",
                      type=cliargs.duration_text,
                      help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
-                          f"(default {' '.join(names.DEFAULT_WINDOWS)})")
+                          f"(default {' '.join(exposition.DEFAULT_WINDOWS)})")
     exp.add_argument("--web-config-file", metavar="FILE",
                      help="TLS and basic auth for the exporter's own endpoint (exporter-toolkit "
                           "format; see docs/configuration.md)")

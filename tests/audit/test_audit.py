@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixwatch.audit.analysis import Auditor, diff
-from prefixwatch.core.whatvaries import guess_kind
+from prefixwatch.core.cache.whatvaries import guess_kind
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS, Corpus
 from prefixwatch.simulator.server import Replica, ReplicaServer
@@ -203,7 +203,7 @@ def test_bad_token_ids_are_refused_with_their_line(ids: str, detail: str, tmp_pa
                                                    ) -> None:
     """Booleans, floats, negative or non-numeric ids: the line is named and skipped (the
     decoder checks every id; none is converted); alone in a log, one line and exit 2."""
-    from prefixwatch.core.logformat import BadLine, read_jsonl
+    from prefixwatch.core.logs.formats import BadLine, read_jsonl
 
     log = tmp_path / "r.jsonl"
     log.write_text(json.dumps({"prompt_token_ids": tokens(40)}) + "\n"
@@ -238,7 +238,7 @@ def test_a_line_the_fast_pass_refuses_gets_the_strict_reason(line: str, reason: 
                                                              tmp_path: Path) -> None:
     """simdjson's pass leaves these lines to the strict decoder, whose first error, in the
     line's own order, is the reason."""
-    from prefixwatch.core.logformat import BadLine, read_jsonl
+    from prefixwatch.core.logs.formats import BadLine, read_jsonl
 
     log = tmp_path / "r.jsonl"
     log.write_text(line + "\n")
@@ -247,7 +247,7 @@ def test_a_line_the_fast_pass_refuses_gets_the_strict_reason(line: str, reason: 
 
 
 def test_token_ids_beyond_32_bits_are_refused(tmp_path: Path) -> None:
-    from prefixwatch.core.logformat import BadLine, read_jsonl
+    from prefixwatch.core.logs.formats import BadLine, read_jsonl
 
     log = tmp_path / "r.jsonl"
     log.write_text('{"prompt_token_ids": [1, 4294967296]}\n{"prompt": [1, 4294967295]}\n')

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.blockcache import (
+from prefixwatch.core.cache.blockcache import (
     BlockPool,
     Residency,
     block_ids,

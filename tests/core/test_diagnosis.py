@@ -6,8 +6,6 @@ import math
 
 import pytest
 
-from prefixwatch.core import settings
-from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
 from prefixwatch.core.diagnosis import (
     RequestEvidence,
     TargetEvidence,
@@ -15,6 +13,8 @@ from prefixwatch.core.diagnosis import (
     fraction_at_or_below,
 )
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.vocab import settings
+from prefixwatch.core.vocab.causes import CAUSE_NAMES, DiagnosisThresholds
 from prefixwatch.exporter.config import TargetConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.monitor import TargetMonitor
@@ -252,7 +252,7 @@ def logged(novel: int, layout: int = 0, routing: int = 0, eviction: int = 0,
            unmeasured: tuple[str, ...] = (), short: int = 0) -> RequestEvidence:
     """100 long requests of 100,000 prompt tokens (plus ``short`` tokens of 20 one-block
     prompts, all novel) with their ledger; the rest of each long prompt is pool reach."""
-    from prefixwatch.core.ledger import Parts
+    from prefixwatch.core.cache.requestledger import Parts
 
     reach = 100_000 - novel - layout - routing - eviction
     parts = Parts(100_000 + short, novel + short, layout, routing, eviction, reach,

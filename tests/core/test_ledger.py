@@ -7,9 +7,9 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.blockcache import cached_tokens_for
-from prefixwatch.core.ledger import Ledger, Parts, ratios, shares
-from prefixwatch.core.prefixindex import PrefixIndex
+from prefixwatch.core.cache.blockcache import cached_tokens_for
+from prefixwatch.core.cache.prefixindex import PrefixIndex
+from prefixwatch.core.cache.requestledger import Ledger, Parts, ratios, shares
 
 BS = 4
 

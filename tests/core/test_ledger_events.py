@@ -1,4 +1,4 @@
-"""The event ledger (core/eventledger.py) against vLLM's caching rule, request by request.
+"""The event ledger (core/kv/eventledger.py) against vLLM's caching rule, request by request.
 
 Each request has a prompt of ``p`` tokens of which ``hit`` full blocks are cached, and samples
 ``g`` tokens; vLLM stores every full block within its first ``p + g - 1`` tokens that it did
@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core import names
-from prefixwatch.core.eventledger import EVENT_SHARES, event_counted, event_shares, event_table
+from prefixwatch.core.kv.eventledger import EVENT_SHARES, event_counted, event_shares, event_table
+from prefixwatch.core.vocab import exposition
 
 BS = 16
 
@@ -45,20 +45,20 @@ def test_a_workload_with_answers_closes_to_the_token(requests) -> None:
     v = vllm(requests)
     got = ledger(requests)
     assert got["unexplained"] == 0, got
-    assert got[names.LEDGER_OUTPUT] == v["generated"] - len(requests)
+    assert got[exposition.LEDGER_OUTPUT] == v["generated"] - len(requests)
     assert sum(got[p] for p in EVENT_SHARES) == v["prompt"]
     assert all(got[p] >= 0 for p in EVENT_SHARES), got
-    assert got[names.LEDGER_TAIL] <= (BS - 1) * len(requests)
+    assert got[exposition.LEDGER_TAIL] <= (BS - 1) * len(requests)
     # Novel answers: what the prompts did not get from the cache, to the token.
-    assert got["novel"] + got[names.LEDGER_TAIL] == v["prompt_blocks"] + v["prompt_tails"]
+    assert got["novel"] + got[exposition.LEDGER_TAIL] == v["prompt_blocks"] + v["prompt_tails"]
 
 
 def test_one_token_answers_are_the_recordings_ledger() -> None:
     """max_tokens 1 (the vLLM 0.33 recordings): no output, the tail is the prompts' tails."""
     requests = [(2440, 0, 1), (2440, 150, 1), (61, 2, 1)]
     got = ledger(requests)
-    assert got[names.LEDGER_OUTPUT] == 0 and got["unexplained"] == 0
-    assert got[names.LEDGER_TAIL] == 2 * (2440 % BS) + 61 % BS
+    assert got[exposition.LEDGER_OUTPUT] == 0 and got["unexplained"] == 0
+    assert got[exposition.LEDGER_TAIL] == 2 * (2440 % BS) + 61 % BS
     assert got["novel"] == vllm(requests)["prompt_blocks"]
 
 
@@ -66,9 +66,9 @@ def test_an_answer_that_completes_the_prompts_last_block() -> None:
     # 40 prompt tokens (2 blocks + 8), 20 sampled: 59 tokens of KV, 3 full blocks stored; the
     # third holds 8 prompt and 8 answer tokens, the last 11 answer tokens stay partial.
     got = ledger([(40, 0, 20)])
-    assert got[names.LEDGER_OUTPUT] == 19
-    assert (got["novel"], got[names.LEDGER_TAIL], got["unexplained"]) == (29, 11, 0)
-    assert got["novel"] + got[names.LEDGER_TAIL] == 40
+    assert got[exposition.LEDGER_OUTPUT] == 19
+    assert (got["novel"], got[exposition.LEDGER_TAIL], got["unexplained"]) == (29, 11, 0)
+    assert got["novel"] + got[exposition.LEDGER_TAIL] == 40
 
 
 def test_a_request_in_flight_at_an_edge_is_within_the_tail_not_unexplained() -> None:
@@ -77,11 +77,11 @@ def test_a_request_in_flight_at_an_edge_is_within_the_tail_not_unexplained() -> 
     p, g = 40, 10
     stored = ((p + g) // BS) * BS  # vLLM caches up to the token it feeds in this step
     got = event_shares(p, 0, {"novel": stored}, 0, BS, g, edges=(0, BS))
-    assert got["unexplained"] == 0 and 0 <= got[names.LEDGER_TAIL] <= BS
+    assert got["unexplained"] == 0 and 0 <= got[exposition.LEDGER_TAIL] <= BS
     # A request that was running at the start, finishing in the span: stored more than its
     # counters moved by, within one block.
     got = event_shares(0, 0, {"novel": BS}, 1, BS, 6 - 1, edges=(BS, 0))
-    assert got["unexplained"] == 0 and -BS <= got[names.LEDGER_TAIL] < 0
+    assert got["unexplained"] == 0 and -BS <= got[exposition.LEDGER_TAIL] < 0
     # The same without the edge: unexplained.
     assert event_shares(0, 0, {"novel": BS}, 1, BS, 5)["unexplained"] < 0
 
@@ -102,7 +102,7 @@ def test_counters_keep_the_request_ledgers_identity_and_count_the_output() -> No
     counted = event_counted(got, 361)
     assert counted["prompt"] == sum(counted[p] for p in ("novel", "layout", "routing",
                                                          "eviction", "pool_reach"))
-    assert counted[names.LEDGER_OUTPUT] == 50 + 33 - 2
+    assert counted[exposition.LEDGER_OUTPUT] == 50 + 33 - 2
     rows = event_table(got, 361)
     assert any(r.startswith("output ") for r in rows) and any(r.startswith("tail ")
                                                               for r in rows)

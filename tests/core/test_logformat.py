@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core import jsonline, strictline
-from prefixwatch.core.logformat import BadLine, read_jsonl
-from prefixwatch.core.tokenids import json_ids
+from prefixwatch.core.logs import jsonline, strictline
+from prefixwatch.core.logs.formats import BadLine, read_jsonl
+from prefixwatch.core.logs.tokenids import json_ids
 
 
 def outcome(decode, text: str | bytes) -> tuple:
@@ -172,9 +172,9 @@ def test_a_pre_tokenized_log_is_read_without_msgspec(tmp_path) -> None:
     log = tmp_path / "r.jsonl"
     log.write_text(json.dumps({"prompt_token_ids": [1, 2, 3]}) + "\n"
                    + json.dumps({"prompt_token_ids": [1, 2], "replica": "a"}) + "\n")
-    code = ("import sys; from prefixwatch.core.logformat import read_jsonl; "
+    code = ("import sys; from prefixwatch.core.logs.formats import read_jsonl; "
             f"n = len(list(read_jsonl([{str(log)!r}]))); "
-            "print(n, 'prefixwatch.core.strictline' in sys.modules, 'msgspec' in sys.modules)")
+            "print(n, 'prefixwatch.core.logs.strictline' in sys.modules, 'msgspec' in sys.modules)")
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, timeout=60)
     assert plain.stdout.split() == ["2", "True", "True"]  # the replica is checked by msgspec
@@ -187,7 +187,7 @@ def test_a_pre_tokenized_log_is_read_without_msgspec(tmp_path) -> None:
 def test_a_held_document_costs_one_line_the_pass_not_the_answer() -> None:
     """The parser is reused; while a document of it is still held, that line goes to the
     strict decoder (same answer) and the thread gets a new parser."""
-    from prefixwatch.core import tokenids
+    from prefixwatch.core.logs import tokenids
 
     held = tokenids.parse(b'{"a": 1}')
     line = b'{"prompt_token_ids": [1, 2, 3]}'

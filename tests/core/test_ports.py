@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
-from prefixwatch.core.ports import port_free, port_in_use_message, port_owner
+from prefixwatch.core.ports import port_free, port_in_use_message, port_owner, process_command
 
 
 def test_time_wait_is_free_for_a_server_but_a_listener_is_not() -> None:
@@ -36,8 +37,10 @@ def test_a_listener_is_named_by_pid_and_command() -> None:
     port = listener.getsockname()[1]
     try:
         assert not port_free(port)
-        assert port_owner(port) is not None and port_owner(port).startswith(
-            f"pid {os.getpid()} (python")
+        # The command as ps shows it: python, or the title a worker set (pytest-xdist names
+        # its workers after the running test when setproctitle is installed).
+        assert port_owner(port) == f"pid {os.getpid()} ({process_command(Path('/proc/self'))})"
+        assert port_owner(port).split("(")[1] != "?)"
         message = port_in_use_message(port, "Alertmanager", "--alertmanager-port")
         assert message.startswith(f"port {port} on 127.0.0.1 for Alertmanager is in use, "
                                   f"held by pid {os.getpid()} (")

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.prefixindex import CONTEXT_TOKENS, Node, PrefixIndex
+from prefixwatch.core.cache.prefixindex import CONTEXT_TOKENS, Node, PrefixIndex
 from tests.core.test_blockcache import reference_cached
 
 EXTRAS = [None, ("lora", None), (None, "salt"), ("lora", "salt", ("mm-hash",))]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import families, names, schemas, tiers
+from prefixwatch.core.vocab import exposition, families, schemas, tiers
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "vllm_metrics_cpu_offload.txt"
 
@@ -90,7 +90,7 @@ def test_schema_roles_name_the_fixture_families() -> None:
 
 
 def test_output_metrics_carry_tier_and_window() -> None:
-    tiered = names.OUT_PROMPT_TOKENS_CACHED
-    assert tiered.labels == (*names.OUT_PROMPT_TOKENS.labels, names.L_TIER)
-    assert names.OUT_EFFECTIVE_HIT_RATIO.labels == names.OUT_HIT_RATIO.labels
-    assert names.OUT_FLEET_EFFECTIVE_HIT_RATIO.labels == names.OUT_FLEET_HIT_RATIO.labels
+    tiered = exposition.OUT_PROMPT_TOKENS_CACHED
+    assert tiered.labels == (*exposition.OUT_PROMPT_TOKENS.labels, exposition.L_TIER)
+    assert exposition.OUT_EFFECTIVE_HIT_RATIO.labels == exposition.OUT_HIT_RATIO.labels
+    assert exposition.OUT_FLEET_EFFECTIVE_HIT_RATIO.labels == exposition.OUT_FLEET_HIT_RATIO.labels

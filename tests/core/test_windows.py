@@ -8,16 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.windows import (
-    Layout,
+from prefixwatch.core.vocab.windows import (
     SeriesHistory,
+    VectorLayout,
     histogram_quantile,
     parse_duration,
     plan_tiers,
     ratio,
 )
 
-LAYOUT = Layout(("queries", "hits"), ())
+LAYOUT = VectorLayout(("queries", "hits"), ())
 
 
 def history() -> SeriesHistory:

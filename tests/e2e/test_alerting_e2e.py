@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefixwatch.core import rulenames
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, rules

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import causes
 from prefixwatch.core.diagnosis import TargetEvidence
+from prefixwatch.core.vocab import causes
 from prefixwatch.exporter.config import build_config
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.service import Exporter
@@ -93,7 +93,8 @@ def settled(run: Run, rounds: int = 3) -> set[str]:
     return last[0]
 
 
-# Scenario -> the cause its runbook section names (README's table is checked against this).
+# Scenario -> the cause its runbook section names (docs/diagnosis.md's table is checked
+# against this).
 EXPECTED: dict[str, set[str]] = {
     "static-system-prompt": set(),
     "timestamp-at-top": {"prefix_divergence"},
@@ -187,7 +188,7 @@ def test_readme_table_matches_the_tests() -> None:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "diagnosis.md").read_text()
     table = text.split("| scenario | diagnosed cause |", 1)[1].split("\n\n", 1)[0]
     rows = dict(re.findall(r"^\| (`[^|]*?) \| (.*?) \|$", table, re.M))
     expected = {f"`{name}`": cs for name, cs in EXPECTED.items()}

@@ -22,7 +22,7 @@ import pytest
 import requests
 import yaml
 
-from prefixwatch.core import rulenames
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import rules

@@ -16,11 +16,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import names
+from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator.engine import EngineConfig
-from prefixwatch.simulator.kvevents import KVEventsOptions
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.server import Replica, ReplicaServer
 
 BS = 16
@@ -108,7 +108,7 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
                         or value(got, "prefixwatch_kv_resident_blocks", target=t,
                                  medium="GPU") != resident
                         or value(got, "prefixwatch_kv_computed_tokens_total", target=t,
-                                 model_name=cfg.model, part=names.LEDGER_TAIL)
+                                 model_name=cfg.model, part=exposition.LEDGER_TAIL)
                         != 2 * (prompt_len - full * BS)):
                     return False
             return True
@@ -118,10 +118,11 @@ def test_the_simulators_stream_reaches_the_exporter_and_matches_its_pools() -> N
         for t in ("r0", "r1"):
             parts = {p: value(got, "prefixwatch_kv_computed_tokens_total", target=t,
                               model_name=cfg.model, part=p)
-                     for p in names.KV_COMPUTED_SERIES_PARTS}
+                     for p in exposition.KV_COMPUTED_SERIES_PARTS}
             # Every full block a request did not get from the cache was computed, and stored.
             computed = sum(full * BS - c for c in cached[t])
-            assert sum(v for p, v in parts.items() if p != names.LEDGER_TAIL) == computed, parts
+            recomputed = sum(v for p, v in parts.items() if p != exposition.LEDGER_TAIL)
+            assert recomputed == computed, parts
             assert value(got, "prefixwatch_kv_events_lost_total", target=t) == 0.0
             assert parts["eviction"] == 0.0
         # r1's first request found the system prompt's two blocks on r0: routing, not novel.
@@ -166,7 +167,7 @@ def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named()
                 span = exporter.kv_ledgers.span(t, None)
                 if span is None or span.prompt != row["prompt"] or span.requests != 8 // 2:
                     return False
-                if span.shares[names.LEDGER_OUTPUT] != row["output"]:
+                if span.shares[exposition.LEDGER_OUTPUT] != row["output"]:
                     return False
             return True
 
@@ -183,12 +184,12 @@ def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named()
             print(t, span.prompt, shares)
             assert shares["unexplained"] == 0, shares
             assert shares["achieved"] == row["cached"]
-            assert shares[names.LEDGER_OUTPUT] == row["output"]
-            assert 0 <= shares[names.LEDGER_TAIL] <= (BS - 1) * row["requests"]
-            assert sum(shares[p] for p in names.KV_LEDGER_SHARES) == span.prompt
-            assert all(shares[p] >= 0 for p in names.KV_LEDGER_SHARES), shares
+            assert shares[exposition.LEDGER_OUTPUT] == row["output"]
+            assert 0 <= shares[exposition.LEDGER_TAIL] <= (BS - 1) * row["requests"]
+            assert sum(shares[p] for p in exposition.KV_LEDGER_SHARES) == span.prompt
+            assert all(shares[p] >= 0 for p in exposition.KV_LEDGER_SHARES), shares
         model = cfg.model
         assert value(got, "prefixwatch_ledger_tokens_total", model_name=model,
-                     part=names.LEDGER_OUTPUT) == sum(r["output"] for r in truth.values())
+                     part=exposition.LEDGER_OUTPUT) == sum(r["output"] for r in truth.values())
         page = requests.get(f"http://127.0.0.1:{exporter.port}/", timeout=5).text
         assert "output " in page and "generated tokens" in page

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core.ledger import Parts, shares
+from prefixwatch.core.cache.requestledger import Parts, shares
 from prefixwatch.exporter.config import build_config
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator import scenarios

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefixwatch.core.rulenames import ALERT_LOW, MODEL, r_effective, r_ratio
+from prefixwatch.core.vocab.rulenames import ALERT_LOW, MODEL, r_effective, r_ratio
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import config as mixin_config

@@ -10,7 +10,7 @@ import requests
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import names
+from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.service import Exporter
@@ -216,7 +216,7 @@ def test_bearer_token_and_pre_initialised_errors(page_server: PageServer, vllm_p
     exporter.poll_round()
     assert page_server.headers[-1]["Authorization"] == "Bearer s3cret"
     found = samples(exporter)
-    for reason in names.SCRAPE_ERROR_REASONS:
+    for reason in exposition.SCRAPE_ERROR_REASONS:
         assert pick(found, "prefixwatch_scrape_errors_total", reason=reason) == [0.0]
     found_names = {n for n, _ in found}
     assert all(":" not in n for n in found_names if n.startswith("prefixwatch"))

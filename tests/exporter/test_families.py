@@ -1,5 +1,5 @@
-"""The family table (core/families.py) is the one place a re-exposed family is defined: the page
-reader reads each row, the collector and OTLP write it, the mixin's sources name it."""
+"""The family table (core/vocab/families.py) is the one place a re-exposed family is defined: the
+page reader reads each row, the collector and OTLP write it, the mixin's sources name it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 import pytest
 import yaml
 
-from prefixwatch.core import families, names, schemas
+from prefixwatch.core.vocab import exposition, families, schemas
 from prefixwatch.exporter.collector import PrefixwatchCollector
 from prefixwatch.exporter.config import TargetConfig, build_config
-from prefixwatch.exporter.kvevents.kinds import KindNamer
+from prefixwatch.exporter.kvsubscriber.kinds import KindNamer
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.otlp import OtlpBridge
 from prefixwatch.exporter.pagereader import read_page
@@ -123,7 +123,7 @@ def test_every_row_is_written_by_the_collector_and_otlp(kv_exporter: Exporter) -
     sent = _sent(OtlpBridge(kv_exporter.collector, "http://127.0.0.1:9"))
     for row in families.FAMILIES:
         assert row.out.name in samples, row.out.name
-    for metric in (names.OUT_LEDGER_TOKENS, names.OUT_LEDGER_RATIO):
+    for metric in (exposition.OUT_LEDGER_TOKENS, exposition.OUT_LEDGER_RATIO):
         assert metric.name in samples, metric.name
     assert sent == samples
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from prefixwatch.core import names
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, build_config, name_targets
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.service import Exporter
@@ -226,7 +226,7 @@ def test_hostile_fleet_keeps_the_healthy_target_on_schedule(
     # served is benchmarks/bench_hostile.py's figure: a timing has no place in a test).
     assert len(metrics.content) < 3 * 1024 * 1024, len(metrics.content)
     assert 'reason="too_many_series"' in metrics.text
-    assert names.OUT_LAST_SUCCESS.name + '{target="healthy"}' in metrics.text
+    assert exposition.OUT_LAST_SUCCESS.name + '{target="healthy"}' in metrics.text
     assert "limit reached" in landing and "too_many_series" in landing
 
     outputs = [metrics.text, landing, caplog.text]

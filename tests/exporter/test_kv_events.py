@@ -38,10 +38,10 @@ def _truth(name: str, replica: str) -> dict[str, int]:
 
 
 def _request_ledger(name: str) -> dict[str, dict[str, int]]:
-    """The request ledger (core/ledger.py) of the recording's requests, per replica: the same
-    definitions, computed from the prompts instead of the stream."""
-    from prefixwatch.core.ledger import Ledger
-    from prefixwatch.core.prefixindex import PrefixIndex
+    """The request ledger (core/cache/requestledger.py) of the recording's requests, per replica:
+    the same definitions, computed from the prompts instead of the stream."""
+    from prefixwatch.core.cache.prefixindex import PrefixIndex
+    from prefixwatch.core.cache.requestledger import Ledger
 
     index, ledger, out = PrefixIndex(BS), Ledger(BS), {}
     for r in requests_of(name):
@@ -328,7 +328,7 @@ def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
 def test_the_landing_page_shows_the_event_ledger(fleet) -> None:
     html_page = fleet.exp.landing_page()
     assert "from the KV event streams" in html_page
-    assert "KV event streams (README: KV events)" in html_page
+    assert "KV event streams (docs/kv-events.md)" in html_page
     assert "GPU 2,400" in html_page  # replica 0's stored blocks
     assert "needs a KV event stream" not in html_page
     for part in ("eviction", "routing", "layout", "novel", "tail", "unexplained"):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 import zmq
 
-from prefixwatch.core.kvevents import BatchDecoder
+from prefixwatch.core.kv.codec import BatchDecoder
 from prefixwatch.exporter.config import build_config
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer
@@ -327,7 +327,7 @@ def test_a_publisher_that_stops_answering_is_dropped_by_its_heartbeat(tmp_path, 
                                                                        ) -> None:
     """A publisher process stopped (SIGSTOP) after the connection: no more pongs, the
     subscription's heartbeat times out, the stream is down and counted, the other goes on."""
-    from prefixwatch.exporter.kvevents import subscriber
+    from prefixwatch.exporter.kvsubscriber import subscriber
 
     monkeypatch.setattr(subscriber, "HEARTBEAT_MS", 200)
     child = subprocess.Popen([sys.executable, "-c", _CHILD], stdout=subprocess.PIPE, text=True)
@@ -391,7 +391,7 @@ def test_a_restart_drops_the_batches_held_before_the_model_was_known() -> None:
     """An engine restarts while its first poll is under way: what the stopped engine stored
     (held until the model is known) is gone with it, and the restart counts once the mirror
     holds only the new engine's blocks."""
-    from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+    from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
 
     model: list[str | None] = [None]
     source = KvSource("bad", FleetRegistry(), model_hint=lambda: model[0])
@@ -410,8 +410,8 @@ def test_held_batches_reach_the_mirror_when_the_model_is_known_with_no_next_mess
     """An engine sends its first batches before the target's first poll has named the model,
     then goes quiet: the reading thread's idle tick files them once the model is known (or
     once they have waited their time), not at a next message that may not come."""
-    from prefixwatch.exporter.kvevents import source as source_module
-    from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+    from prefixwatch.exporter.kvsubscriber import source as source_module
+    from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
 
     model: list[str | None] = [None]
     source = KvSource("quiet", FleetRegistry(), model_hint=lambda: model[0])

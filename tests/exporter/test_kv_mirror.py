@@ -1,12 +1,12 @@
-"""The mirror alone (core/kvmirror.py): copies, tiers, identity, caps; and the config keys."""
+"""The mirror alone (core/kv/mirror.py): copies, tiers, identity, caps; and the config keys."""
 
 from __future__ import annotations
 
 import pytest
 
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.kvevents import AllBlocksCleared, Batch, BlockRemoved, BlockStored
-from prefixwatch.core.kvmirror import FleetContent, TargetMirror
+from prefixwatch.core.kv.codec import AllBlocksCleared, Batch, BlockRemoved, BlockStored
+from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
 from prefixwatch.exporter.config import build_config
 
 BS = 16
@@ -128,15 +128,15 @@ def test_the_config_keys_and_their_errors(tmp_path) -> None:
 
 
 def _check_against_the_ledger(monkeypatch) -> list[int]:
-    """Every ``kvlayout.layout_end_packed`` call also answered by ``ledger.layout_end_from``: the
-    packed-word search must return the same index; returns the answers."""
+    """Every ``layoutsearch.layout_end_packed`` call also answered by ``ledger.layout_end_from``:
+    the packed-word search must return the same index; returns the answers."""
     from array import array
 
-    from prefixwatch.core import kvlayout
-    from prefixwatch.core.layout import layout_end_from
+    from prefixwatch.core.cache.layoutpart import layout_end_from
+    from prefixwatch.core.kv import layoutsearch
 
     answers: list[int] = []
-    fast = kvlayout.layout_end_packed
+    fast = layoutsearch.layout_end_packed
 
     class TrieView:
         """A mirror block as ``core.layout``'s nodes: its edge, its end and its children,
@@ -158,7 +158,7 @@ def _check_against_the_ledger(monkeypatch) -> list[int]:
         answers.append(got)
         return got
 
-    monkeypatch.setattr(kvlayout, "layout_end_packed", both)
+    monkeypatch.setattr(layoutsearch, "layout_end_packed", both)
     return answers
 
 
@@ -167,7 +167,7 @@ def test_the_packed_layout_search_is_the_ledgers_on_both_recordings(monkeypatch)
     import json
     from pathlib import Path
 
-    from prefixwatch.exporter.kvevents.source import FleetRegistry, KvSource
+    from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
 
     answers = _check_against_the_ledger(monkeypatch)
     fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "kv_events"

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
-from prefixwatch.core import causes
+from prefixwatch.core.vocab import causes
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.otlp import OtlpBridge
 from prefixwatch.exporter.service import Exporter

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import schemas
+from prefixwatch.core.vocab import schemas
 from prefixwatch.exporter.pagereader import PageError, detect_schema, read_page
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.logformat import BadLine, LogRequest, VllmLogJoiner, parse_line, read_jsonl
-from prefixwatch.core.prefixindex import PrefixIndex
+from prefixwatch.core.cache.prefixindex import PrefixIndex
+from prefixwatch.core.logs.formats import BadLine, LogRequest, VllmLogJoiner, parse_line, read_jsonl
 from prefixwatch.exporter.requestlog.reader import (
     MAX_LINE_BYTES,
     RequestsLogConfig,

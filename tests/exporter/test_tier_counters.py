@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import tiers
+from prefixwatch.core.vocab import tiers
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.status import StatusRow, render
 from tests.exporter.test_exporter import make_exporter, pick, samples

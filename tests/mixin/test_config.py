@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefixwatch.core.causes import DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.vocab.causes import DiagnosisThresholds
 from prefixwatch.mixin import artifacts
 from prefixwatch.mixin.config import TOP_KEYS, DashboardSettings, MixinConfig, load_config
 

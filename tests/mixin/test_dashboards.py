@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from prefixwatch.core import families, names, schemas
+from prefixwatch.core.vocab import exposition, families, schemas
 from prefixwatch.mixin import artifacts, dashboards, rules, sources
 from prefixwatch.mixin import config as mixin_config
 from tests.conftest import file_lock, npm_packages, require_binary, start_listening, wait_ready
@@ -68,9 +68,9 @@ def test_panels_are_laid_out_by_the_grid_with_auto_ids() -> None:
                     assert not cells & mine, (name, p["title"], "overlaps")
                     cells |= mine
     with pytest.raises(ValueError):
-        from prefixwatch.mixin import layout
+        from prefixwatch.mixin import grid
 
-        layout.flow([layout.Placed(object(), 25, 1)])
+        grid.flow([grid.Placed(object(), 25, 1)])
 
 
 def test_sglang_dashboards_leave_out_what_sglang_lacks() -> None:
@@ -155,8 +155,8 @@ def test_every_query_parses(tmp_path: Path) -> None:
 
 def known_names() -> set[str]:
     known = {"ALERTS", "up", "scrape_duration_seconds"}
-    for metric in vars(names).values():
-        if isinstance(metric, names.OutMetric):
+    for metric in vars(exposition).values():
+        if isinstance(metric, exposition.OutMetric):
             known |= {metric.name, metric.name + "_total", metric.name + "_bucket"}
     for schema in schemas.SCHEMAS:
         known |= set(schema.sample_names())
@@ -221,7 +221,7 @@ def test_every_panel_shows_data_from_a_real_prometheus(tmp_path: Path) -> None:
     from prefixwatch.exporter.service import Exporter
     from prefixwatch.simulator.driver import Driver
     from prefixwatch.simulator.engine import EngineConfig
-    from prefixwatch.simulator.kvevents import KVEventsOptions
+    from prefixwatch.simulator.kvpublisher import KVEventsOptions
     from prefixwatch.simulator.requestlog import RequestLogger
     from prefixwatch.simulator.scenarios import SCENARIOS
     from prefixwatch.simulator.server import Replica, ReplicaServer

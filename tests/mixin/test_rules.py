@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prefixwatch.core import rulenames
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.mixin import alertmanager, alerttests, promtoolinput, rules, sources
 from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin.cli import write_all
@@ -57,7 +57,7 @@ def test_every_alert_has_a_test_and_a_runbook_section() -> None:
 
 
 def test_every_cause_has_a_runbook_section_and_the_alerts_link_it() -> None:
-    from prefixwatch.core.causes import CAUSE_NAMES
+    from prefixwatch.core.vocab.causes import CAUSE_NAMES
 
     runbook = (ROOT / "docs" / "runbooks.md").read_text()
     for cause in CAUSE_NAMES:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import requests
 
-from prefixwatch.core import causes
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import causes
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import config as mixin_config

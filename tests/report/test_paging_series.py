@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from prefixwatch.core import families, rulenames
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import families, rulenames
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.exporter.status import collect_status

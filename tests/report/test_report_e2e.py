@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from prefixwatch.cli import main
-from prefixwatch.core import rulenames, settings
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import rulenames, settings
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.report import Request, Written, write_report
 from tests import browser
 from tests.conftest import require_binary

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from prefixwatch.simulator.engine import Engine, EngineConfig, VirtualClock
-from prefixwatch.simulator.kvevents import (
+from prefixwatch.simulator.kvpublisher import (
     KVEventBatch,
     KVEventPublisher,
     KVEvents,

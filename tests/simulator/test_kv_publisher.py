@@ -18,7 +18,7 @@ import zmq
 
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.simulator.cli import build_simulation, simulation_args
-from prefixwatch.simulator.kvevents import KVEventSink, offset_endpoint
+from prefixwatch.simulator.kvpublisher import KVEventSink, offset_endpoint
 from tests.conftest import free_port
 
 

@@ -12,9 +12,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import families as table
-from prefixwatch.core import tiers
-from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
+from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
+from prefixwatch.core.vocab import families as table
+from prefixwatch.core.vocab import tiers
 from prefixwatch.exporter.pagereader import read_page
 from prefixwatch.simulator.engine import Engine, EngineConfig, VirtualClock
 from prefixwatch.simulator.metrics import PageMetrics

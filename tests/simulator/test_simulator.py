@@ -12,7 +12,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
+from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
 from prefixwatch.exporter.pagereader import read_page
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.scenarios import SCENARIOS

@@ -22,10 +22,10 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core.ledger import Ledger
-from prefixwatch.core.prefixindex import Divergence, PrefixIndex, RequestResult
-from prefixwatch.core.tokenids import packed_ids
-from prefixwatch.core.whatvaries import FIXES, guess_kind
+from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex, RequestResult
+from prefixwatch.core.cache.requestledger import Ledger
+from prefixwatch.core.cache.whatvaries import FIXES, guess_kind
+from prefixwatch.core.logs.tokenids import packed_ids
 
 MAX_EXAMPLES = 64
 
@@ -34,7 +34,7 @@ class LruReplay:
     """The same log through a KV pool of N blocks with vLLM's eviction order."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        from prefixwatch.core.blockcache import BlockPool  # only with --kv-blocks
+        from prefixwatch.core.cache.blockcache import BlockPool  # only with --kv-blocks
 
         self.pool = BlockPool(num_blocks, block_size)
 
@@ -58,7 +58,7 @@ class Report:
     positions: Counter = field(default_factory=Counter)
     examples: dict[int, Divergence] = field(default_factory=dict)
     #: The prompt length of each example, to tell a divergence near the top from the start
-    #: of the request's own content (core/whatvaries.py).
+    #: of the request's own content (core/cache/whatvaries.py).
     example_tokens: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -110,7 +110,7 @@ class Auditor:
         self.index = PrefixIndex(block_size, packed=True)
         self.replay = LruReplay(kv_blocks, block_size) if kv_blocks else None
         self.report = Report(block_size, kv_blocks=kv_blocks)
-        #: The hit-rate ledger over the same index (core/ledger.py); the pool part with
+        #: The hit-rate ledger over the same index (core/cache/requestledger.py); the pool part with
         #: ``kv_blocks``, the routing part when requests name their replica.
         self.ledger = Ledger(block_size, (lambda _replica: kv_blocks) if kv_blocks else None)
 

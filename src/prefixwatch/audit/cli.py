@@ -17,11 +17,11 @@ from itertools import islice
 from typing import Any
 
 from prefixwatch.audit.analysis import Auditor, Report, diff
+from prefixwatch.core.cache.requestledger import COUNTED as LEDGER_COUNTED
+from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
-from prefixwatch.core.ledger import COUNTED as LEDGER_COUNTED
-from prefixwatch.core.ledger import table as ledger_table
-from prefixwatch.core.logformat import BadLine, LogRequest, read_jsonl
-from prefixwatch.core.tokenizers import (
+from prefixwatch.core.logs.formats import BadLine, LogRequest, read_jsonl
+from prefixwatch.core.logs.tokenizers import (
     AuditError,
     NoTokenizer,
     ServerTokenizer,
@@ -247,7 +247,7 @@ def _as_text(report: Report, top: list[dict]) -> str:
 def _run_diff(args: argparse.Namespace) -> int:
     if len(args.logs) != 3:
         raise ConfigError("usage: prefixwatch audit diff A.json B.json")
-    from prefixwatch.core.strictline import parse_request
+    from prefixwatch.core.logs.strictline import parse_request
 
     tok = _tokenizer(args)
     requests_: list[LogRequest] = []

@@ -12,11 +12,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names
-from prefixwatch.core.causes import CAUSE_NAMES, DiagnosisThresholds
-from prefixwatch.core.ledger import Parts
-from prefixwatch.core.settings import DEFAULT_HIT_RATIO_MODE, HIT_RATIO_DEVICE
-from prefixwatch.core.windows import histogram_quantile, ratio
+from prefixwatch.core.cache.requestledger import Parts
+from prefixwatch.core.vocab import exposition
+from prefixwatch.core.vocab.causes import CAUSE_NAMES, DiagnosisThresholds
+from prefixwatch.core.vocab.settings import DEFAULT_HIT_RATIO_MODE, HIT_RATIO_DEVICE
+from prefixwatch.core.vocab.windows import histogram_quantile, ratio
 
 
 @dataclass
@@ -106,9 +106,9 @@ class RequestEvidence:
     long_requests: int = 0
     long_prompt_tokens: int = 0
     long_cacheable_tokens: int = 0
-    #: The hit-rate ledger of the same requests (core/ledger.py), and the parts it cannot
-    #: tell apart (they stay in ``unexplained``); None: no ledger (the rules of the achievable
-    #: ratio alone apply).
+    #: The hit-rate ledger of the same requests (core/cache/requestledger.py), and the parts it
+    #: cannot tell apart (they stay in ``unexplained``); None: no ledger (the rules of the
+    #: achievable ratio alone apply).
     ledger: Parts | None = None
     ledger_unmeasured: tuple[str, ...] = ()
 
@@ -351,7 +351,7 @@ def event_evidence(shares: Mapping[str, int], prompt: int, requests: int) -> Req
     """The event ledger of a window as the rules' request evidence: its parts are measured
     (eviction from the engine's own removals, routing from the other replicas' mirrors), the
     tails shorter than a block stand where short prompts stand (wholly novel, never cached)."""
-    tail = shares.get(names.LEDGER_TAIL, 0)
+    tail = shares.get(exposition.LEDGER_TAIL, 0)
     unshared = shares["novel"] + shares["layout"] + tail
     parts = Parts(prompt=prompt, novel=shares["novel"] + tail, layout=shares["layout"],
                   routing=shares["routing"], eviction=shares["eviction"],

@@ -59,13 +59,14 @@ def port_owner(port: int, proc: Path = Path("/proc")) -> str | None:
         for fd in fds:
             try:
                 if os.readlink(fd) in wanted:
-                    return f"pid {entry.name} ({_command(entry)})"
+                    return f"pid {entry.name} ({process_command(entry)})"
             except OSError:
                 continue
     return None
 
 
-def _command(entry: Path) -> str:
+def process_command(entry: Path) -> str:
+    """A process as ps shows it: its first three words (the program's base name), else its name."""
     try:
         argv = (entry / "cmdline").read_bytes().split(b"\0")
         words = [a.decode(errors="replace") for a in argv if a][:3]

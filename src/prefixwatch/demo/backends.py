@@ -14,9 +14,9 @@ from typing import Any
 import requests
 import yaml
 
-from prefixwatch.core import causes
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import causes
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.demo.pager import alertmanager_config
 from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin import rules, stack
@@ -72,7 +72,9 @@ class Backends:
 
     def __init__(self, workdir: Path, exporter_port: int, prom_port: int, am_port: int,
                  time_scale: float) -> None:
-        self.workdir = workdir
+        # Absolute: Prometheus reads the rule_files of its config relative to that file's own
+        # directory, so a relative --data-dir would load no rules (no page, no report).
+        self.workdir = workdir.resolve()
         self.procs: list[tuple[str, subprocess.Popen, Any]] = []
         self.prom_port, self.am_port = prom_port, am_port
         self.scale = time_scale

@@ -13,7 +13,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prefixwatch.core import rulenames
+from prefixwatch.core.vocab import rulenames
 from prefixwatch.mixin import alertmanager
 
 log = logging.getLogger("prefixwatch.demo")

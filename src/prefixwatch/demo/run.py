@@ -26,9 +26,10 @@ from urllib.parse import quote
 
 import yaml
 
-from prefixwatch.core import causes, cliargs, names, rulenames, settings
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
+from prefixwatch.core.vocab import causes, exposition, rulenames, settings
 from prefixwatch.demo.backends import (
     ALERTMANAGER_API,
     ALERTMANAGER_BINARIES,
@@ -86,9 +87,9 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                    help="requests per second (default 4)")
     p.add_argument("--sim-port", type=cliargs.port, default=8000, metavar="PORT",
                    help="first simulator port (default 8000; 0 = any free port)")
-    p.add_argument("--listen-address", default=f"127.0.0.1:{names.DEFAULT_PORT}",
+    p.add_argument("--listen-address", default=f"127.0.0.1:{exposition.DEFAULT_PORT}",
                    metavar="HOST:PORT",
-                   help=f"exporter address (default 127.0.0.1:{names.DEFAULT_PORT})")
+                   help=f"exporter address (default 127.0.0.1:{exposition.DEFAULT_PORT})")
     p.add_argument("--prometheus-port", type=cliargs.port, default=9090, metavar="PORT",
                    help="Prometheus port on 127.0.0.1 (default 9090)")
     p.add_argument("--alertmanager-port", type=cliargs.port, default=9093, metavar="PORT",
@@ -113,7 +114,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _targets_from_env() -> list[str] | None:
-    for var in ("VLLM_TARGETS", names.ENV_TARGETS):
+    for var in ("VLLM_TARGETS", exposition.ENV_TARGETS):
         raw = os.environ.get(var, "").strip()
         if raw:
             return [u.strip() for u in raw.split(",") if u.strip()]
@@ -198,7 +199,7 @@ def run_demo(args: argparse.Namespace) -> int:
             requests_log = {"path": log_path, "follow": True}
         config = build_config(
             targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
-            interval=max(0.5, names.DEFAULT_INTERVAL_SECONDS * scale),
+            interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
             windows=story_windows(scale),
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
             cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log)
@@ -244,7 +245,7 @@ def story_windows(scale: float) -> list[str]:
     """The exporter's windows: the paging window first (the landing page's headline reads
     the first, so it names the ratio and window the page names), then the defaults; all
     scaled."""
-    wanted = [settings.CRITICAL_SHORT_WINDOW, *names.DEFAULT_WINDOWS]
+    wanted = [settings.CRITICAL_SHORT_WINDOW, *exposition.DEFAULT_WINDOWS]
     return list(dict.fromkeys(scaled(w, scale) for w in wanted))
 
 
@@ -287,7 +288,7 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
     try:
         with skippable():
             written = write_report(prometheus, out, Request(
-                began, time.time(), names.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
+                began, time.time(), exposition.DEFAULT_HIT_RATIO_THRESHOLD, time_scale=time_scale))
     except PrefixwatchError as exc:
         log.warning("no incident report: %s", exc)
         return

@@ -3,7 +3,7 @@
 Bins sit on a fixed grid: edges at multiples of the bin width in wall-clock time, each read from
 one history tier (the finest that holds the whole chart), so an edge older than a series'
 newest point can never change and a completed bin can be cached (exporter/charts.py). Ratios
-and quantiles of a bin are core/windows.py's, as everywhere.
+and quantiles of a bin are core/vocab/windows.py's, as everywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prefixwatch.core.windows import SeriesHistory, histogram_quantile, ratio
+from prefixwatch.core.vocab.windows import SeriesHistory, histogram_quantile, ratio
 
 SPAN_SECONDS = 3600.0
 BINS = 48
@@ -64,12 +64,12 @@ def combine(rows: np.ndarray, bounds: Bounds | None, other: np.ndarray,
 
 
 def median(bounds: Bounds, row: Sequence[float]) -> float | None:
-    """TTFT p50 of one row of cumulative bucket deltas (core/windows.py, as everywhere)."""
+    """TTFT p50 of one row of cumulative bucket deltas (core/vocab/windows.py, as everywhere)."""
     return histogram_quantile(0.5, bounds, row)
 
 
 def bin_ratio(row: Sequence[float]) -> float | None:
-    """Hits over queries of one row (core/windows.py: clamped, None without queries)."""
+    """Hits over queries of one row (core/vocab/windows.py: clamped, None without queries)."""
     return ratio(row[1], row[0])
 
 

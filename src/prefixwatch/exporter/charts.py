@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefixwatch.core.windows import SeriesHistory
+from prefixwatch.core.vocab.windows import SeriesHistory
 from prefixwatch.exporter.chartbins import (
     BINS,
     Binned,

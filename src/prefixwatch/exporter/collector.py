@@ -22,18 +22,18 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from prefixwatch.core import causes, families, names, tiers
+from prefixwatch.core.cache.requestledger import ratios as ledger_ratios
 from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
-from prefixwatch.core.ledger import ratios as ledger_ratios
-from prefixwatch.core.names import OutMetric
-from prefixwatch.core.schemas import SourceSchema
 from prefixwatch.core.story import Culprit
 from prefixwatch.core.version import __version__
-from prefixwatch.core.windows import ratio
+from prefixwatch.core.vocab import causes, exposition, families, tiers
+from prefixwatch.core.vocab.exposition import OutMetric
+from prefixwatch.core.vocab.schemas import SourceSchema
+from prefixwatch.core.vocab.windows import ratio
 from prefixwatch.exporter.evidence import served_tokens
-from prefixwatch.exporter.kvevents import KvSource
-from prefixwatch.exporter.kvevents.emit import add_families as add_kv_families
-from prefixwatch.exporter.kvevents.emit import add_ledger_families
+from prefixwatch.exporter.kvsubscriber import KvSource
+from prefixwatch.exporter.kvsubscriber.emit import add_families as add_kv_families
+from prefixwatch.exporter.kvsubscriber.emit import add_ledger_families
 from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
 from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -79,7 +79,7 @@ def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
                 ) -> list[tuple[list[str], float | Histogram, float | None]]:
     """(extra label values, value, created) of one family-table row for one series: nothing
     when the page does not have it."""
-    if row.extra == names.L_TIER:
+    if row.extra == exposition.L_TIER:
         if not all(role in values.counters for role in TIER_ROLES.values()):
             return []
         created = values.created.get("hits")
@@ -89,7 +89,7 @@ def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
                                        values.histograms).get(row.role)
     if found is None:
         return []
-    extra = [schema.read(row.role) or ""] if row.extra == names.L_SOURCE else []
+    extra = [schema.read(row.role) or ""] if row.extra == exposition.L_SOURCE else []
     return [(extra, found, values.created.get(row.role))]
 
 
@@ -103,9 +103,10 @@ class PrefixwatchCollector(Collector):
         #: The model a requests log belongs to (None: every model the targets serve).
         self.view_model: str | None = None
         self.round_seconds: float | None = None  # set by the poll loop
-        #: The KV event sources (exporter/kvevents), when any target has a stream.
+        #: The KV event sources (exporter/kvsubscriber), when any target has a stream.
         self.kv_sources: Callable[[], list[KvSource]] | None = None
-        #: Their ledgers (exporter/kvevents/ledger.py): the ledger of every model they serve.
+        #: Their ledgers (exporter/kvsubscriber/ledgerseries.py): the ledger of every model they
+        #: serve.
         self.kv_ledgers = None
 
     def describe(self) -> list[Metric]:
@@ -119,16 +120,16 @@ class PrefixwatchCollector(Collector):
                 fam[metric.name] = _family(metric)
             return fam[metric.name]
 
-        build = family(names.OUT_BUILD_INFO)
-        build.add_metric([], dict(zip(names.OUT_BUILD_INFO.info_keys,
+        build = family(exposition.OUT_BUILD_INFO)
+        build.add_metric([], dict(zip(exposition.OUT_BUILD_INFO.info_keys,
                                       (__version__, platform.python_version()), strict=True)))
         if self.round_seconds is not None:
-            family(names.OUT_ROUND_DURATION).add_metric([], self.round_seconds)
-        for metric in (names.OUT_TARGET_UP, names.OUT_SCRAPE_DURATION,
-                       names.OUT_SCRAPE_ERRORS, names.OUT_LAST_SUCCESS,
-                       names.OUT_TARGET_INFO, names.OUT_HIT_RATIO,
-                       names.OUT_FLEET_HIT_RATIO, names.OUT_EFFECTIVE_HIT_RATIO,
-                       names.OUT_FLEET_EFFECTIVE_HIT_RATIO):
+            family(exposition.OUT_ROUND_DURATION).add_metric([], self.round_seconds)
+        for metric in (exposition.OUT_TARGET_UP, exposition.OUT_SCRAPE_DURATION,
+                       exposition.OUT_SCRAPE_ERRORS, exposition.OUT_LAST_SUCCESS,
+                       exposition.OUT_TARGET_INFO, exposition.OUT_HIT_RATIO,
+                       exposition.OUT_FLEET_HIT_RATIO, exposition.OUT_EFFECTIVE_HIT_RATIO,
+                       exposition.OUT_FLEET_EFFECTIVE_HIT_RATIO):
             family(metric)  # always present, even with no data, so dashboards see the names
 
         fleet: dict[tuple[str, str], list[WindowFigures]] = {}
@@ -137,8 +138,8 @@ class PrefixwatchCollector(Collector):
                 self._collect_target(mon, family, fleet)
         for (model, window), figures in sorted(fleet.items()):
             total = WindowFigures.summed(figures)
-            _put(family, names.OUT_FLEET_HIT_RATIO, [model, window], total.hit_ratio)
-            _put(family, names.OUT_FLEET_EFFECTIVE_HIT_RATIO, [model, window],
+            _put(family, exposition.OUT_FLEET_HIT_RATIO, [model, window], total.hit_ratio)
+            _put(family, exposition.OUT_FLEET_EFFECTIVE_HIT_RATIO, [model, window],
                  total.effective_ratio)
         if self.state is not None:
             self._collect_diagnosis(family)
@@ -153,7 +154,7 @@ class PrefixwatchCollector(Collector):
 
     def _collect_diagnosis(self, family) -> None:
         assert self.state is not None
-        diag = family(names.OUT_DIAGNOSIS)
+        diag = family(exposition.OUT_DIAGNOSIS)
         up = {m.name for m in self.monitors if m.up}
         with self.state.lock:
             for (target, model), held in sorted(self.state.diagnosis.causes.items()):
@@ -162,43 +163,43 @@ class PrefixwatchCollector(Collector):
                 for cause in causes.CAUSE_NAMES:
                     diag.add_metric([target, model, cause], 1.0 if held.get(cause) else 0.0)
             window = self.state.window
-            culprit = family(names.OUT_CULPRIT)
+            culprit = family(exposition.OUT_CULPRIT)
             for model, found in sorted(self.state.culprits.items()):
                 culprit.add_metric([model, found.kind, str(found.position), found.words],
                                    found.share)
             for model, req in sorted(self.state.requests.items()):
-                _put(family, names.OUT_ACHIEVABLE, [model, window], req.achievable)
+                _put(family, exposition.OUT_ACHIEVABLE, [model, window], req.achievable)
                 kinds = self.state.kinds.get(model, Counter())
-                per_kind = family(names.OUT_DIVERGENCE_KIND)
-                for kind in names.DIVERGENCE_KINDS:
+                per_kind = family(exposition.OUT_DIVERGENCE_KIND)
+                for kind in exposition.DIVERGENCE_KINDS:
                     per_kind.add_metric([model, window, kind], float(kinds.get(kind, 0)))
                 if kinds:
-                    top = max(names.DIVERGENCE_KINDS, key=lambda k: kinds.get(k, 0))
-                    family(names.OUT_DIVERGENCE_TOP_KIND).add_metric([model, window, top], 1.0)
+                    top = max(exposition.DIVERGENCE_KINDS, key=lambda k: kinds.get(k, 0))
+                    family(exposition.OUT_DIVERGENCE_TOP_KIND).add_metric([model, window, top], 1.0)
 
     def _collect_requests(self, family, evented: set[str] = frozenset()) -> None:
         assert self.view is not None
-        lines = family(names.OUT_REQUESTS_LOG_LINES)
-        for result in names.REQUESTS_LOG_RESULTS:
+        lines = family(exposition.OUT_REQUESTS_LOG_LINES)
+        for result in exposition.REQUESTS_LOG_RESULTS:
             lines.add_metric([result], float(self.view.lines.get(result, 0)))
         held, blocks = self.view.window_size()
-        family(names.OUT_REQUESTS_WINDOW).add_metric([], float(held))
-        family(names.OUT_REQUESTS_WINDOW_BLOCKS).add_metric([], float(blocks))
+        family(exposition.OUT_REQUESTS_WINDOW).add_metric([], float(held))
+        family(exposition.OUT_REQUESTS_WINDOW_BLOCKS).add_metric([], float(blocks))
         buckets, total = self.view.histogram()
         models = ([self.view_model] if self.view_model else
                   sorted(self.state.requests) if self.state is not None else [])
         for model in models:
-            family(names.OUT_DIVERGENCE).add_metric([model], buckets, total)
+            family(exposition.OUT_DIVERGENCE).add_metric([model], buckets, total)
         self._collect_ledger(family, [m for m in models if m not in evented])
 
     def _collect_ledger(self, family, models: list[str]) -> None:
         """The ledger's counters, and its window shares with the engines' cached tokens."""
         assert self.view is not None
         totals, unmeasured = self.view.ledger_totals()
-        tokens = family(names.OUT_LEDGER_TOKENS)
-        shares = family(names.OUT_LEDGER_RATIO)
+        tokens = family(exposition.OUT_LEDGER_TOKENS)
+        shares = family(exposition.OUT_LEDGER_RATIO)
         for model in models:
-            for part in names.LEDGER_COUNTED:
+            for part in exposition.LEDGER_COUNTED:
                 if part not in unmeasured:
                     tokens.add_metric([model, part], float(getattr(totals, part)))
         for window, seconds in self.windows.items():
@@ -215,20 +216,20 @@ class PrefixwatchCollector(Collector):
 
     def _collect_target(self, mon: TargetMonitor, family, fleet) -> None:
         t = mon.name
-        family(names.OUT_TARGET_UP).add_metric([t], 1.0 if mon.up else 0.0)
+        family(exposition.OUT_TARGET_UP).add_metric([t], 1.0 if mon.up else 0.0)
         if not math.isnan(mon.scrape_duration):
-            family(names.OUT_SCRAPE_DURATION).add_metric([t], mon.scrape_duration)
+            family(exposition.OUT_SCRAPE_DURATION).add_metric([t], mon.scrape_duration)
         if not math.isnan(mon.last_success):
-            family(names.OUT_LAST_SUCCESS).add_metric([t], mon.last_success)
-        errors = family(names.OUT_SCRAPE_ERRORS)
-        for reason in names.SCRAPE_ERROR_REASONS:
+            family(exposition.OUT_LAST_SUCCESS).add_metric([t], mon.last_success)
+        errors = family(exposition.OUT_SCRAPE_ERRORS)
+        for reason in exposition.SCRAPE_ERROR_REASONS:
             errors.add_metric([t, reason], float(mon.errors.get(reason, 0)))
         snap = mon.snapshot
         if not mon.up or snap is None:
             return
         server = snap.schema.server
-        family(names.OUT_TARGET_INFO).add_metric(
-            [t], dict(zip(names.OUT_TARGET_INFO.info_keys, (server, snap.schema.schema),
+        family(exposition.OUT_TARGET_INFO).add_metric(
+            [t], dict(zip(exposition.OUT_TARGET_INFO.info_keys, (server, snap.schema.schema),
                           strict=True)))
 
         for (model, engine), state in sorted(mon.series.items()):
@@ -245,27 +246,28 @@ class PrefixwatchCollector(Collector):
                     else:
                         family(row.out).add_metric(labels + extra, value)
             if values.block_size is not None:
-                family(names.OUT_BLOCK_SIZE).add_metric(labels, float(values.block_size))
+                family(exposition.OUT_BLOCK_SIZE).add_metric(labels, float(values.block_size))
             if values.caching_enabled is not None:
-                family(names.OUT_CACHING_ENABLED).add_metric(
+                family(exposition.OUT_CACHING_ENABLED).add_metric(
                     labels, 1.0 if values.caching_enabled else 0.0)
 
         for model, figures in sorted(mon.models.items()):
             base = [t, model, server]
-            life = base + [names.LIFETIME_WINDOW]
-            _put(family, names.OUT_HIT_RATIO, life,
+            life = base + [exposition.LIFETIME_WINDOW]
+            _put(family, exposition.OUT_HIT_RATIO, life,
                  ratio(figures.lifetime_hits, figures.lifetime_queries))
-            _put(family, names.OUT_EFFECTIVE_HIT_RATIO, life, figures.lifetime_effective)
+            _put(family, exposition.OUT_EFFECTIVE_HIT_RATIO, life, figures.lifetime_effective)
             for window, wf in figures.windows.items():
-                _put(family, names.OUT_HIT_RATIO, base + [window], wf.hit_ratio)
+                _put(family, exposition.OUT_HIT_RATIO, base + [window], wf.hit_ratio)
                 if wf.hit_ratio is not None or wf.queries == 0:
                     fleet.setdefault((model, window), []).append(wf)
-                _put(family, names.OUT_EFFECTIVE_HIT_RATIO, base + [window], wf.effective_ratio)
+                _put(family, exposition.OUT_EFFECTIVE_HIT_RATIO, base + [window],
+                     wf.effective_ratio)
                 if wf.seconds > 0 and not math.isnan(wf.hits):
-                    family(names.OUT_CACHED_TOKENS_RATE).add_metric(
+                    family(exposition.OUT_CACHED_TOKENS_RATE).add_metric(
                         base + [window], wf.hits / wf.seconds)
-                    family(names.OUT_QUERY_RATE).add_metric(
+                    family(exposition.OUT_QUERY_RATE).add_metric(
                         base + [window], wf.queries / wf.seconds)
-                for q in names.TTFT_QUANTILES:
-                    _put(family, names.OUT_TTFT_QUANTILE, base + [window, floatToGoString(q)],
+                for q in exposition.TTFT_QUANTILES:
+                    _put(family, exposition.OUT_TTFT_QUANTILE, base + [window, floatToGoString(q)],
                          wf.ttft_quantile(q))

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixwatch.core import causes, cliargs, names, settings
-from prefixwatch.core.causes import DiagnosisThresholds
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import causes, exposition, settings
+from prefixwatch.core.vocab.causes import DiagnosisThresholds
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.core.yamlfile import ConfigFile
 from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
 
@@ -26,15 +27,15 @@ from prefixwatch.exporter.requestlog.reader import RequestsLogConfig
 class TargetConfig:
     url: str
     name: str = ""
-    timeout: float = names.DEFAULT_TIMEOUT_SECONDS
+    timeout: float = exposition.DEFAULT_TIMEOUT_SECONDS
     bearer_token_file: str | None = None
     tls_verify: bool = True
     ca_file: str | None = None
-    max_body_bytes: int = names.DEFAULT_MAX_BODY_BYTES
-    max_series: int = names.DEFAULT_MAX_SERIES
-    max_models: int = names.DEFAULT_MAX_MODELS
-    max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
-    max_buckets: int = names.DEFAULT_MAX_BUCKETS
+    max_body_bytes: int = exposition.DEFAULT_MAX_BODY_BYTES
+    max_series: int = exposition.DEFAULT_MAX_SERIES
+    max_models: int = exposition.DEFAULT_MAX_MODELS
+    max_label_length: int = exposition.DEFAULT_MAX_LABEL_LENGTH
+    max_buckets: int = exposition.DEFAULT_MAX_BUCKETS
     #: The engine's KV event PUB endpoint (vLLM's --kv-events-config endpoint), e.g.
     #: tcp://vllm:5557; None: no event source for this target.
     kv_events: str | None = None
@@ -52,10 +53,10 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class ExporterConfig:
-    targets: tuple[TargetConfig, ...] = (TargetConfig(names.DEFAULT_TARGET),)
-    interval: float = names.DEFAULT_INTERVAL_SECONDS
-    listen_address: str = names.DEFAULT_LISTEN_ADDRESS
-    windows: tuple[str, ...] = names.DEFAULT_WINDOWS
+    targets: tuple[TargetConfig, ...] = (TargetConfig(exposition.DEFAULT_TARGET),)
+    interval: float = exposition.DEFAULT_INTERVAL_SECONDS
+    listen_address: str = exposition.DEFAULT_LISTEN_ADDRESS
+    windows: tuple[str, ...] = exposition.DEFAULT_WINDOWS
     otlp_endpoint: str | None = None
     diagnosis_window: str = causes.DIAGNOSIS_WINDOW
     cold_start: str = causes.COLD_START
@@ -182,7 +183,7 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
         raise ConfigError(f"{where}: each target needs a url")
     merged = {**defaults, **entry}
     try:
-        timeout = cliargs.seconds(merged.get("timeout", names.DEFAULT_TIMEOUT_SECONDS))
+        timeout = cliargs.seconds(merged.get("timeout", exposition.DEFAULT_TIMEOUT_SECONDS))
     except ValueError as exc:
         raise ConfigError(f"{where}: timeout: {exc}") from None
     try:
@@ -248,7 +249,7 @@ def build_config(
 ) -> ExporterConfig:
     """Flags win over the file, the file over the environment, the environment over defaults."""
     env = os.environ if environ is None else environ
-    config_file = config_file or env.get(names.ENV_CONFIG) or None
+    config_file = config_file or env.get(exposition.ENV_CONFIG) or None
     cf = load_file(config_file)
     data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
@@ -263,11 +264,11 @@ def build_config(
     elif data.get("targets"):
         entries = list(data["targets"])
         places = [cf.where("targets", str(i)) for i in range(len(entries))]
-    elif env.get(names.ENV_TARGETS, "").strip():
-        entries = [u.strip() for u in env[names.ENV_TARGETS].split(",") if u.strip()]
-        places = [names.ENV_TARGETS] * len(entries)
+    elif env.get(exposition.ENV_TARGETS, "").strip():
+        entries = [u.strip() for u in env[exposition.ENV_TARGETS].split(",") if u.strip()]
+        places = [exposition.ENV_TARGETS] * len(entries)
     else:
-        entries, places = [names.DEFAULT_TARGET], ["default target"]
+        entries, places = [exposition.DEFAULT_TARGET], ["default target"]
     target_list = [_target_from(e, defaults, at) for e, at in zip(entries, places, strict=True)]
     if kv_events:
         if len(target_list) != 1:
@@ -295,7 +296,7 @@ def build_config(
 
     if interval is None:
         try:  # a duration (5s) or seconds, like --interval; the file's place when it is not
-            interval = cliargs.seconds(data.get("interval", names.DEFAULT_INTERVAL_SECONDS))
+            interval = cliargs.seconds(data.get("interval", exposition.DEFAULT_INTERVAL_SECONDS))
         except ValueError as exc:
             raise ConfigError(f"{cf.where('interval')}: interval: {exc}") from None
     try:
@@ -303,8 +304,8 @@ def build_config(
             targets=name_targets(target_list),
             interval=float(interval),
             listen_address=str(listen_address or data.get("listen_address")
-                               or names.DEFAULT_LISTEN_ADDRESS),
-            windows=tuple(windows or data.get("windows") or names.DEFAULT_WINDOWS),
+                               or exposition.DEFAULT_LISTEN_ADDRESS),
+            windows=tuple(windows or data.get("windows") or exposition.DEFAULT_WINDOWS),
             otlp_endpoint=otlp_endpoint or data.get("otlp_endpoint"),
             diagnosis_window=diagnosis_window or found.window,
             cold_start=cold_start or found.cold_start,

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from prefixwatch.core.diagnosis import TargetEvidence
-from prefixwatch.core.windows import Layout, histogram_quantile
+from prefixwatch.core.vocab.windows import VectorLayout, histogram_quantile
 from prefixwatch.exporter.monitor import (
     SeriesState,
     TargetMonitor,
@@ -88,7 +88,7 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
     return out
 
 
-def _tier_evidence(ev: TargetEvidence, layout: Layout, vec: Sequence[float]) -> None:
+def _tier_evidence(ev: TargetEvidence, layout: VectorLayout, vec: Sequence[float]) -> None:
     """The window's cached tokens of every tier, the second tier's stores, and whether a KV
     connector was asked for the device's misses (vLLM counts external queries only then)."""
     by_tier = tier_sum([{r: vec[layout.offset_of(r)] for r in TIER_ROLES.values()}])

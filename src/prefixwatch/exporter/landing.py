@@ -13,12 +13,12 @@ import html
 import time
 from typing import TYPE_CHECKING
 
-from prefixwatch.core import names, settings, tiers
-from prefixwatch.core.eventledger import event_table
-from prefixwatch.core.ledger import table as ledger_table
+from prefixwatch.core.cache.requestledger import table as ledger_table
+from prefixwatch.core.cache.whatvaries import FIXES
+from prefixwatch.core.kv.eventledger import event_table
 from prefixwatch.core.story import Culprit, percent
 from prefixwatch.core.version import __version__
-from prefixwatch.core.whatvaries import FIXES
+from prefixwatch.core.vocab import exposition, settings, tiers
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.evidence import served_tokens
@@ -194,7 +194,8 @@ def tier_section(exporter: Exporter, window: str | None) -> str:
 
 
 def ledger_section(exporter: Exporter, window: str | None) -> str:
-    """Where the window's prompt tokens went (core/ledger.py), or that it needs a request log."""
+    """Where the window's prompt tokens went (core/cache/requestledger.py), or that it needs a
+    request log."""
     events = event_ledger_section(exporter, window)
     if events:
         return events
@@ -230,7 +231,7 @@ def kv_section(exporter: Exporter) -> str:
     seen = sorted({r for source in exporter.kv.all_sources()
                    for r, n in source.read()[2].items() if n})
     meanings = "".join(f"<li><code>{html.escape(r)}</code>: "
-                       f"{html.escape(names.KV_ERROR_MEANINGS.get(r, ''))}</li>" for r in seen)
+                       f"{html.escape(exposition.KV_ERROR_MEANINGS.get(r, ''))}</li>" for r in seen)
     return table and ("<h2>KV event streams (docs/kv-events.md)</h2>" + table
                       + "<p class='legend'>messages: received; blocks stored: by medium; "
                         "resident: held now; lost: messages missed (sequence gaps)."

@@ -2,7 +2,7 @@
 
 A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
 in ``scrape_errors``, and logged once when the state changes (not on every poll).
-The window math lives in core/windows.py; what the diagnosis needs of a target is read from
+The window math lives in core/vocab/windows.py; what the diagnosis needs of a target is read from
 this state by exporter/evidence.py.
 """
 
@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core import families, names, tiers
 from prefixwatch.core.version import __version__
-from prefixwatch.core.windows import (
-    Layout,
+from prefixwatch.core.vocab import exposition, families, tiers
+from prefixwatch.core.vocab.windows import (
     SeriesHistory,
+    VectorLayout,
     histogram_quantile,
     plan_tiers,
     ratio,
@@ -114,13 +114,13 @@ class SeriesState:
     history: SeriesHistory | None
 
 
-def layout_for(values: SeriesValues) -> Layout:
+def layout_for(values: SeriesValues) -> VectorLayout:
     hists = tuple((role, values.histograms[role].bounds) for role in HISTOGRAM_ROLES
                   if role in values.histograms)
-    return Layout(COUNTER_ROLES, hists)
+    return VectorLayout(COUNTER_ROLES, hists)
 
 
-def raw_vector(values: SeriesValues, layout: Layout) -> list[float]:
+def raw_vector(values: SeriesValues, layout: VectorLayout) -> list[float]:
     vec = [values.counters.get(role, math.nan) for role in layout.counters]
     for role, bounds in layout.histograms:
         hist = values.histograms.get(role)
@@ -161,7 +161,7 @@ class TargetMonitor:
         self.snapshot: Snapshot | None = None
         self.scrape_duration = math.nan
         self.last_success = math.nan
-        self.errors = dict.fromkeys(names.SCRAPE_ERROR_REASONS, 0)
+        self.errors = dict.fromkeys(exposition.SCRAPE_ERROR_REASONS, 0)
         self.series: dict[SeriesKey, SeriesState] = {}
         self.models: dict[str, ModelFigures] = {}
         self._state: tuple[bool, str | None] | None = None
@@ -353,7 +353,7 @@ def tier_sum(counters: Sequence[dict[str, float]]) -> dict[str, float]:
     return out if counters else {}
 
 
-def hist_delta(layout: Layout, delta: Sequence[float], role: str
+def hist_delta(layout: VectorLayout, delta: Sequence[float], role: str
                 ) -> tuple[tuple[float, ...], list[float], float] | None:
     """(bounds, cumulative counts, sum) of one histogram role inside a delta vector; None when
     the role is absent or any of its buckets is unknown."""
@@ -368,11 +368,11 @@ def hist_delta(layout: Layout, delta: Sequence[float], role: str
 
 
 def summed_delta(states: list[SeriesState], now: float, window: float, older: float = 0.0
-                 ) -> tuple[Layout, float, Sequence[float]] | None:
+                 ) -> tuple[VectorLayout, float, Sequence[float]] | None:
     """(layout, seconds covered, delta vector) of a model's engines summed over
     (now - window - older, now - older]; engines with other buckets are not summed."""
     deltas: list[Sequence[float]] = []
-    layout: Layout | None = None
+    layout: VectorLayout | None = None
     covered = 0.0
     for state in states:
         if state.history is None:

@@ -36,8 +36,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import Metric as PromMetric
 
-from prefixwatch.core import names
 from prefixwatch.core.version import __version__
+from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.collector import PrefixwatchCollector
 
 log = logging.getLogger("prefixwatch.otlp")
@@ -131,7 +131,7 @@ def _convert(family: PromMetric, now_ns: int) -> dict[str | None, Metric]:
     points: dict[str | None, dict[tuple, dict]] = {}
     for sample in family.samples:
         labels = dict(sample.labels)
-        target = labels.pop(names.L_TARGET, None)
+        target = labels.pop(exposition.L_TARGET, None)
         le = labels.pop("le", None)
         key = tuple(sorted(labels.items()))
         point = points.setdefault(target, {}).setdefault(key, {"buckets": []})

@@ -1,6 +1,6 @@
 """Read an engine's /metrics page into the few numbers prefixwatch needs.
 
-A vLLM page holds about 90 families; prefixwatch reads about a dozen (core/families.py).
+A vLLM page holds about 90 families; prefixwatch reads about a dozen (core/vocab/families.py).
 Parsing the whole page with client_python costs ~9 ms, so the page is first cut down to the
 lines of the wanted samples (a string scan). Each kept line is split here into name, label
 block and value; label blocks go through client_python's parser, memoised per block, so
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from prefixwatch.core import names, schemas, tiers
-from prefixwatch.core.schemas import SourceSchema, TierSchema
+from prefixwatch.core.vocab import exposition, schemas, tiers
+from prefixwatch.core.vocab.schemas import SourceSchema, TierSchema
 from prefixwatch.exporter.pagescan import (
     SHARED_LABELS,
     Admission,
@@ -164,7 +164,7 @@ def _series_key(schema: SourceSchema, labels: dict[str, str]) -> SeriesKey | Non
         if labels.get(rank, "0") != "0":
             return None  # the same counter, repeated by another rank
     engine = next((labels[n] for n in schema.engine_labels if n in labels), "0")
-    return labels.get(names.L_MODEL, ""), engine
+    return labels.get(exposition.L_MODEL, ""), engine
 
 
 def _role_tables(schema: SourceSchema) -> tuple[dict[str, list[tuple[str, str]]], dict[str, str]]:

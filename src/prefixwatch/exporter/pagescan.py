@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixwatch.core import names, schemas
-from prefixwatch.core.schemas import SourceSchema
+from prefixwatch.core.vocab import exposition, schemas
+from prefixwatch.core.vocab.schemas import SourceSchema
 
 SeriesKey = tuple[str, str]  # (model_name, engine)
 
 
 class PageError(Exception):
-    """The page cannot be trusted; ``reason`` is one of names.SCRAPE_ERROR_REASONS."""
+    """The page cannot be trusted; ``reason`` is one of exposition.SCRAPE_ERROR_REASONS."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
@@ -30,10 +30,10 @@ class PageError(Exception):
 class PageLimits:
     """How much of one page the exporter takes; the rest is dropped and counted."""
 
-    max_series: int = names.DEFAULT_MAX_SERIES
-    max_models: int = names.DEFAULT_MAX_MODELS
-    max_label_length: int = names.DEFAULT_MAX_LABEL_LENGTH
-    max_buckets: int = names.DEFAULT_MAX_BUCKETS
+    max_series: int = exposition.DEFAULT_MAX_SERIES
+    max_models: int = exposition.DEFAULT_MAX_MODELS
+    max_label_length: int = exposition.DEFAULT_MAX_LABEL_LENGTH
+    max_buckets: int = exposition.DEFAULT_MAX_BUCKETS
 
     @property
     def max_block(self) -> int:
@@ -169,6 +169,6 @@ def histogram_of(name: str, block: str) -> tuple[str, str] | None:
 def check_counter(name: str, value: float) -> None:
     """A counter is a finite count: NaN, +Inf, negative and 1e308-ish values (which overflow
     to +Inf once summed or differenced) make the whole page untrustworthy."""
-    if not 0 <= value <= names.MAX_COUNTER_VALUE:
+    if not 0 <= value <= exposition.MAX_COUNTER_VALUE:
         raise PageError("invalid_value", f"{name} is {value:g}: a counter must be a finite "
                                          "number >= 0")

@@ -22,20 +22,20 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
-from prefixwatch.core import names, schemas, settings
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
 from prefixwatch.core.story import Culprit, culprit_of
 from prefixwatch.core.version import __version__
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import exposition, schemas, settings
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.exporter import scrape
 from prefixwatch.exporter.charts import ChartCache
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import BoundedHTTPServer
-from prefixwatch.exporter.kvevents import KvEvents
-from prefixwatch.exporter.kvevents.kinds import recent_divergences
-from prefixwatch.exporter.kvevents.ledger import SETTLE_SECONDS, EventLedgers
+from prefixwatch.exporter.kvsubscriber import KvEvents
+from prefixwatch.exporter.kvsubscriber.kinds import recent_divergences
+from prefixwatch.exporter.kvsubscriber.ledgerseries import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.landing import render_landing
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.pagereader import CACHED
@@ -291,7 +291,7 @@ class Exporter:
         """False when no target was polled (whatever the outcome) within a few intervals:
         the polling itself is stuck, whatever ``up`` says."""
         interval = self.config.interval
-        slack = names.HEALTHZ_STALE_INTERVALS * interval + max(
+        slack = exposition.HEALTHZ_STALE_INTERVALS * interval + max(
             (m.target.timeout for m in self.monitors), default=0.0)
         now = time.monotonic()
         if now - self._started < slack:

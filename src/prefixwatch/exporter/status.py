@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prefixwatch.core import causes, schemas, settings, tiers
+from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.diagnosis import RequestEvidence, diagnose, event_evidence
-from prefixwatch.core.ledger import table as ledger_table
 from prefixwatch.core.story import Culprit, culprit_of, headline, window_words
-from prefixwatch.core.windows import parse_duration, ratio
+from prefixwatch.core.vocab import causes, schemas, settings, tiers
+from prefixwatch.core.vocab.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
@@ -292,7 +292,7 @@ class EventLedgerStatus:
         return requests, exp.culprits(time.time(), time.time() - self.started)
 
     def finish(self) -> list[str]:
-        from prefixwatch.core.eventledger import event_table
+        from prefixwatch.core.kv.eventledger import event_table
 
         exp = self.exporter
         try:

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from prefixwatch.core.rulenames import ALERT_ABSENT, ALERT_WATCHDOG, HIT_RATE_ALERTS
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.rulenames import ALERT_ABSENT, ALERT_WATCHDOG, HIT_RATE_ALERTS
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.config import MixinConfig, prom_duration
 
 ENV_PAGER = "PREFIXWATCH_PAGER_WEBHOOK_URL"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core import names, settings
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab import exposition, settings
+from prefixwatch.core.vocab.rulenames import (
     ALERT_ABSENT,
     ALERT_DEVICE_SHARE,
     ALERT_EVICTION,
@@ -31,7 +31,7 @@ from prefixwatch.core.rulenames import (
     r_ratio,
     r_tier_active,
 )
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.config import prom_duration
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, promql_regex_literal, promql_string
@@ -148,7 +148,7 @@ class Alerts(Exprs):
         """Template text naming the causes the exporter diagnoses for the alert's model, each
         with its runbook section (a query at notification time: the alert's labels stay
         stable while the causes change)."""
-        diag = names.OUT_DIAGNOSIS.name
+        diag = exposition.OUT_DIAGNOSIS.name
         cluster = self.cfg.cluster_label
         matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q"
         args = (f"$labels.{cluster} " if cluster else "") + "$labels.model_name"
@@ -181,9 +181,9 @@ class Alerts(Exprs):
         cluster = self.cfg.cluster_label
         matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q"
         args = (f"$labels.{cluster} " if cluster else "") + "$labels.model_name"
-        query = f'printf "topk(1, {names.OUT_CULPRIT.name}{{{matchers}}})" {args}'
+        query = f'printf "topk(1, {exposition.OUT_CULPRIT.name}{{{matchers}}})" {args}'
         return ("{{ range query (" + query + ") }} Culprit: {{ .Labels."
-                + names.L_CULPRIT + " }}.{{ end }}")
+                + exposition.L_CULPRIT + " }}.{{ end }}")
 
     def percent_of(self, series: str) -> str:
         """Template text: the alerted model's ``series`` as a percentage to one decimal

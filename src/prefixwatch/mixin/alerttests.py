@@ -17,8 +17,13 @@ from typing import Any
 
 import yaml
 
-from prefixwatch.core.names import L_PART, OUT_ACHIEVABLE, OUT_DIAGNOSIS, OUT_LEDGER_TOKENS
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.exposition import (
+    L_PART,
+    OUT_ACHIEVABLE,
+    OUT_DIAGNOSIS,
+    OUT_LEDGER_TOKENS,
+)
+from prefixwatch.core.vocab.rulenames import (
     ALERT_ABSENT,
     ALERT_EVICTION,
     ALERT_LOW,
@@ -30,8 +35,8 @@ from prefixwatch.core.rulenames import (
     R_SAVED_SHARE,
     r_ratio,
 )
-from prefixwatch.core.tiers import TIER_DEVICE, TIER_HOST
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.tiers import TIER_DEVICE, TIER_HOST
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.alerts import render_diagnosis, render_ledger
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.kvtests import kv_cases

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.rulenames import ALERT_ABSENT, ALERT_LOW, MODEL, r_ratio
+from prefixwatch.core.vocab.rulenames import ALERT_ABSENT, ALERT_LOW, MODEL, r_ratio
 from prefixwatch.mixin.alerttests import Cases
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.promtoolinput import MODEL as MODEL_NAME

@@ -13,19 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from prefixwatch.core import names, rulenames, settings
-from prefixwatch.core.causes import COLD_START, DiagnosisThresholds
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.settings import DiagnosisSettings
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab import exposition, rulenames, settings
+from prefixwatch.core.vocab.causes import COLD_START, DiagnosisThresholds
+from prefixwatch.core.vocab.settings import DiagnosisSettings
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.core.yamlfile import ConfigFile
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MATCHER = r'\s*[a-zA-Z_]\w*\s*(?:=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
 _MATCHERS = re.compile(rf"(?:{_MATCHER})(?:,(?:{_MATCHER}))*,?\s*")
 #: Labels the mixin itself aggregates by: a cluster label must be another one.
-_RESERVED_LABELS = {names.L_MODEL, names.L_TARGET, "instance", "job", "le", "quantile",
-                    names.L_CAUSE, "alertname", "severity"}
+_RESERVED_LABELS = {exposition.L_MODEL, exposition.L_TARGET, "instance", "job", "le", "quantile",
+                    exposition.L_CAUSE, "alertname", "severity"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class MixinConfig:
     matchers: str = ""
     #: Label naming the Prometheus (cluster) a series comes from, in a global view.
     cluster_label: str | None = None
-    hit_ratio_threshold: float = names.DEFAULT_HIT_RATIO_THRESHOLD
+    hit_ratio_threshold: float = exposition.DEFAULT_HIT_RATIO_THRESHOLD
     #: Which ratio the hit-rate alerts judge: ``effective`` (prompt tokens served from any
     #: cache tier) or ``device`` (the engine's own KV pool); core.settings parses the key.
     hit_ratio: str = settings.DEFAULT_HIT_RATIO_MODE

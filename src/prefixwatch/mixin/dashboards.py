@@ -3,7 +3,7 @@
 Two dashboards per source: the on-call *overview* (is the prefix cache working, since when not,
 on which model and replica, and what it costs in TTFT) and a *replica* drill-down. The exporter's
 ``prefixwatch_*`` series are the default source; ``vllm`` and ``sglang`` read the engines' own
-series. Panels come from ``panels.py``, their places from ``layout.py`` (no hand-counted ids or
+series. Panels come from ``panels.py``, their places from ``grid.py`` (no hand-counted ids or
 x/y) and the JSON from ``grafanajson.py``. Every number and text follows the MixinConfig, and
 with a cluster label every query is scoped by a ``cluster`` variable.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from grafanalib import core as g
 
-from prefixwatch.mixin import layout
+from prefixwatch.mixin import grid
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.grafanajson import SCHEMA_VERSION, normalize, queries, to_json  # noqa: F401
 from prefixwatch.mixin.panelbase import DATASOURCE
@@ -118,7 +118,7 @@ def _dashboard(kind: str, title: str, p: Panels, description: str) -> g.Dashboar
         title=f"prefixwatch / {title}{suffix}",
         uid=f"prefixwatch-{kind}{'' if name == 'exporter' else '-' + name}",
         description=description, tags=["prefixwatch", p.s.engine, "prefix-cache"],
-        panels=layout.flow(p.placed), links=_links(p.cfg), templating=_templating(p),
+        panels=grid.flow(p.placed), links=_links(p.cfg), templating=_templating(p),
         refresh=settings.refresh, time=g.Time(settings.time_from, settings.time_to),
         timezone=settings.timezone, graphTooltip=1)
     return dashboard.auto_panel_ids()

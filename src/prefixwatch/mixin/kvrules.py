@@ -5,11 +5,11 @@ every device block a replica stored that no lower tier supplied, in tokens, by w
 computed (``part``): ``eviction`` (that replica held the content and evicted it), ``routing``
 (another replica held it), ``layout``, ``novel``, and ``tail`` (the tokens no full block
 covers, a part of the same counter beside the stream's four: ``KV_COMPUTED_SERIES_PARTS`` in
-core/names.py). These rules record the parts per model and per replica and each part's share
-of the computed tokens (the five sum to 1); the alerts page a ticket when a replica recomputes
-what it evicted, or a model recomputes what another replica held, for a share of its prompt
-tokens at which the diagnosis names the same cause (``diagnosis.routing_gap``: one threshold
-for both).
+core/vocab/exposition.py). These rules record the parts per model and per replica and each
+part's share of the computed tokens (the five sum to 1); the alerts page a ticket when a replica
+recomputes what it evicted, or a model recomputes what another replica held, for a share of its
+prompt tokens at which the diagnosis names the same cause (``diagnosis.routing_gap``: one
+threshold for both).
 
 Only the exporter has these series (Prometheus cannot read a ZMQ stream): other sources get no
 rules from here. Absent, not 0, for a target without an event stream.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core.names import (
+from prefixwatch.core.vocab.exposition import (
     KV_BLOCK_OPS,
     L_MEDIUM,
     L_MODEL,
@@ -27,7 +27,7 @@ from prefixwatch.core.names import (
     L_PART,
     L_TARGET,
 )
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
     MODEL_PART,

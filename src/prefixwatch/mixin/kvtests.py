@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prefixwatch.core.names import L_PART, LEDGER_TAIL
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.exposition import L_PART, LEDGER_TAIL
+from prefixwatch.core.vocab.rulenames import (
     ALERT_KV_EVICTION,
     ALERT_KV_ROUTING,
     MODEL_PART,
     r_kv_computed_share,
 )
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_DASHBOARD_WINDOW
 
 STEP = 15  # as alerttests: seconds between samples

@@ -8,7 +8,7 @@ from typing import Any
 from grafanalib import core as g
 
 from prefixwatch.mixin.config import MixinConfig
-from prefixwatch.mixin.layout import Placed
+from prefixwatch.mixin.grid import Placed
 from prefixwatch.mixin.sources import Source
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

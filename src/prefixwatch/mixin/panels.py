@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from prefixwatch.core import names
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab import exposition
+from prefixwatch.core.vocab.rulenames import (
     ALERT_LOW,
     ALERT_PATTERN,
     MODEL,
@@ -165,7 +165,7 @@ class Panels(PanelBase):
                         "prefix-aware routing), layout (the same text after a short "
                         "divergence near the top: move the varying part down), novel (no "
                         "replica ever held it, the blocks of generated answers included: "
-                        f"nothing to win) and {names.LEDGER_TAIL} (each request's last "
+                        f"nothing to win) and {exposition.LEDGER_TAIL} (each request's last "
                         "partial block, never cacheable). Tokens a "
                         "lower tier loaded are not computed and not here. "
                         f"{self.cfg.runbook('kv-events-why-tokens-were-computed')}",
@@ -262,7 +262,7 @@ class Panels(PanelBase):
             unit="short"), w, h)
 
     def why_low(self, w: int = 12, h: int = 8) -> None:
-        diag = names.OUT_DIAGNOSIS.name + self.matchers(replica="")
+        diag = exposition.OUT_DIAGNOSIS.name + self.matchers(replica="")
         self.add(g.StateTimeline(
             title="Why is it low?",
             description="The exporter's diagnosis: each cause of a low hit rate, red while it "

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prefixwatch.core.names import L_TIER
-from prefixwatch.core.tiers import TIER_UNKNOWN
+from prefixwatch.core.vocab.exposition import L_TIER
+from prefixwatch.core.vocab.tiers import TIER_UNKNOWN
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.sources import Source, TierSeries, source
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefixwatch.core import names
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab import exposition
+from prefixwatch.core.vocab.rulenames import (
     MODEL,
     MODEL_TARGET,
     MODEL_TARGET_TIER,
@@ -41,7 +41,7 @@ from prefixwatch.core.rulenames import (
     r_recomputed,
     r_tier_active,
 )
-from prefixwatch.core.tiers import TIER_DEVICE
+from prefixwatch.core.vocab.tiers import TIER_DEVICE
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, tier_rates
 
@@ -104,7 +104,7 @@ class Recording(Exprs):
                 self.by_model(f"rate({self.sel(s.prompt_tokens_cached)}[{w5}])") + "\n/\n(" +
                 self.by_model(f"rate({self.sel(s.prompt_tokens)}[{w5}])") + " > 0)")
         # The exporter's series, whatever the source (no source selector: its own job).
-        rec(R_ACHIEVABLE, self.by_model(names.OUT_ACHIEVABLE.name, op="max"))
+        rec(R_ACHIEVABLE, self.by_model(exposition.OUT_ACHIEVABLE.name, op="max"))
         rec(R_MISSED,
             f"clamp_min({R_ACHIEVABLE} - {on_model} {r_ratio(MODEL, '5m')}, 0)\n"
             f"* {on_model} {r_queries(MODEL, '5m')}")
@@ -120,23 +120,24 @@ class Recording(Exprs):
         to 1. Only the exporter has a ledger; absent without a request log or a stream."""
         if self.src.name != "exporter":
             return []
-        tokens, w5 = f"{names.OUT_LEDGER_TOKENS.name}_total", self.w("5m")
+        tokens, w5 = f"{exposition.OUT_LEDGER_TOKENS.name}_total", self.w("5m")
         on = f"on ({self.labels(MODEL)})"
 
         def part(matcher: str, *extra: str) -> str:
-            sel = self.sel(tokens, f'{names.L_PART}{matcher}')
+            sel = self.sel(tokens, f'{exposition.L_PART}{matcher}')
             return self.by_model(f"rate({sel}[{w5}])", *extra)
 
         achieved = r_cached(MODEL, "5m") if self.src.tiers else r_hits(MODEL, "5m")
         prompt, pool = part('="prompt"'), part('="pool_reach"')
-        missed = "|".join([p for p in names.LEDGER_SHARES if p in names.LEDGER_COUNTED]
-                          + [names.LEDGER_TAIL])
-        tail_matcher = f'="{names.LEDGER_TAIL}"'
+        missed = "|".join([p for p in exposition.LEDGER_SHARES if p in exposition.LEDGER_COUNTED]
+                          + [exposition.LEDGER_TAIL])
+        tail_matcher = f'="{exposition.LEDGER_TAIL}"'
         tail = f"({part(tail_matcher)} or 0 * {pool})"
         by_part = "\nor\n".join((
-            part(f'=~"{missed}"', names.L_PART),
-            f'label_replace({achieved} and {on} {prompt}, "{names.L_PART}", "achieved", "", "")',
-            f'label_replace({pool} - {on} {achieved} - {on} {tail}, "{names.L_PART}", '
+            part(f'=~"{missed}"', exposition.L_PART),
+            f'label_replace({achieved} and {on} {prompt}, "{exposition.L_PART}", "achieved", '
+            '"", "")',
+            f'label_replace({pool} - {on} {achieved} - {on} {tail}, "{exposition.L_PART}", '
             '"unexplained", "", "")'))
         return [{"record": R_LEDGER_TOKENS, "expr": by_part},
                 {"record": R_LEDGER_SHARE,

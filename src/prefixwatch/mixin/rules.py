@@ -2,7 +2,7 @@
 
 ``Builder`` joins ``recording.Recording`` and ``alerts.Alerts``; ``render`` writes the YAML
 that is committed under alerts/. The alert and recorded-series names live in
-``core/rulenames.py``.
+``core/vocab/rulenames.py``.
 """
 
 from __future__ import annotations

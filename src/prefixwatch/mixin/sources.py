@@ -2,7 +2,7 @@
 
 A source is where Prometheus gets the prefix-cache counters: the exporter's ``prefixwatch_*``
 series, or an engine's own series scraped directly: both columns of the family table
-(``core/families.py``).
+(``core/vocab/families.py``).
 Rules, dashboards and the generated promtool tests all look names up here; nothing else in the
 mixin spells a raw series name.
 """
@@ -12,18 +12,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prefixwatch.core import families, names, schemas, tiers
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.vocab import exposition, families, schemas, tiers
 
 SOURCES = ("exporter", "vllm", "sglang")
 #: Labels of the exporter's own series (its job and address), in the promtool tests.
-EXPORTER_JOB = {"job": "prefixwatch", "instance": f"prefixwatch:{names.DEFAULT_PORT}"}
+EXPORTER_JOB = {"job": "prefixwatch", "instance": f"prefixwatch:{exposition.DEFAULT_PORT}"}
 
 
 @dataclass(frozen=True)
 class TierSeries:
     """Where one source counts cached prompt tokens by tier, and what shows a second tier at
-    work. Facts and label values come from core/tiers.py (checked in docs/tiers.md)."""
+    work. Facts and label values come from core/vocab/tiers.py (checked in docs/tiers.md)."""
 
     #: Counter of cached prompt tokens, split by ``label`` (the engine's source, or our tier).
     cached: str
@@ -72,7 +72,7 @@ def _sglang_mapping() -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class Source:
-    """Raw series names of one source, by the family table's roles (core/families.py):
+    """Raw series names of one source, by the family table's roles (core/vocab/families.py):
     ``src.queries``, ``src.ttft`` (a histogram's ``_bucket`` series)... None where the source
     has no such series."""
 
@@ -103,24 +103,26 @@ class Source:
     def sample_labels(self, target: str, model: str) -> dict[str, str]:
         """The labels of one replica's raw series as Prometheus stores them (the tests')."""
         if self.name == "exporter":
-            return {**EXPORTER_JOB, names.L_TARGET: target, names.L_MODEL: model,
+            return {**EXPORTER_JOB, exposition.L_TARGET: target, exposition.L_MODEL: model,
                     **self.sample_extra}
-        return {"job": self.name, "instance": target, names.L_MODEL: model, **self.sample_extra}
+        return {"job": self.name, "instance": target, exposition.L_MODEL: model,
+                **self.sample_extra}
 
 
 def _exporter() -> Source:
     counter = families.exposed
     return Source(
-        "exporter", replica_label=names.L_TARGET, liveness=counter(names.OUT_BUILD_INFO),
+        "exporter", replica_label=exposition.L_TARGET, liveness=counter(exposition.OUT_BUILD_INFO),
         raw={f.role: counter(f.out) for f in families.FAMILIES},
-        target_up=names.OUT_TARGET_UP.name, scrape_errors=counter(names.OUT_SCRAPE_ERRORS),
-        sample_extra={names.L_ENGINE: "0", names.L_SERVER: "vllm"},
+        target_up=exposition.OUT_TARGET_UP.name,
+        scrape_errors=counter(exposition.OUT_SCRAPE_ERRORS),
+        sample_extra={exposition.L_ENGINE: "0", exposition.L_SERVER: "vllm"},
         tiers=TierSeries(
-            cached=counter(names.OUT_PROMPT_TOKENS_CACHED), label=names.L_TIER,
-            total=counter(names.OUT_PROMPT_TOKENS),
-            fallback=((counter(names.OUT_HITS), tiers.TIER_DEVICE),
-                      (counter(names.OUT_EXT_HITS), tiers.TIER_UNKNOWN)),
-            active_counters=((counter(names.OUT_EXT_QUERIES), ""),)))
+            cached=counter(exposition.OUT_PROMPT_TOKENS_CACHED), label=exposition.L_TIER,
+            total=counter(exposition.OUT_PROMPT_TOKENS),
+            fallback=((counter(exposition.OUT_HITS), tiers.TIER_DEVICE),
+                      (counter(exposition.OUT_EXT_HITS), tiers.TIER_UNKNOWN)),
+            active_counters=((counter(exposition.OUT_EXT_QUERIES), ""),)))
 
 
 def _vllm_tiers() -> TierSeries:

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from prefixwatch.core import names
 from prefixwatch.core.version import __version__
+from prefixwatch.core.vocab import exposition
 from prefixwatch.mixin import dashboards, rules
 from prefixwatch.mixin.config import MixinConfig
 
@@ -63,7 +63,7 @@ def prometheus_config(exporter: str, alertmanager: str | None, rule_files: list[
 
 def compose_prometheus_yml(cfg: MixinConfig | None = None) -> str:
     mixin = cfg or MixinConfig()
-    prom = prometheus_config(f"exporter:{names.DEFAULT_PORT}", "alertmanager:9093",
+    prom = prometheus_config(f"exporter:{exposition.DEFAULT_PORT}", "alertmanager:9093",
                              ["/etc/prometheus/rules/*.rules.yml"],
                              evaluation_interval=mixin.evaluation_interval)
     return (f"{GENERATED}\n"
@@ -126,7 +126,7 @@ def k8s_dashboards(cfg: MixinConfig) -> list[dict[str, Any]]:
 
 def exporter_config(cfg: MixinConfig) -> dict[str, Any]:
     """The exporter's --config file: the diagnosis settings this mixin config implies (the
-    exporter reads the same keys, core/settings.py)."""
+    exporter reads the same keys, core/vocab/settings.py)."""
     return cfg.diagnosis.as_config()
 
 
@@ -147,9 +147,9 @@ def k8s_workload(cfg: MixinConfig) -> list[dict[str, Any]]:
         "image": IMAGE,
         "args": ["exporter", "--target", "http://127.0.0.1:8000/metrics",
                  "--kv-events", f"tcp://127.0.0.1:{KV_EVENTS_PORT}",
-                 "--listen-address", f"0.0.0.0:{names.DEFAULT_PORT}",
+                 "--listen-address", f"0.0.0.0:{exposition.DEFAULT_PORT}",
                  "--config", f"{EXPORTER_CONFIG_DIR}/config.yml"],
-        "ports": [{"name": "prefixwatch", "containerPort": names.DEFAULT_PORT}],
+        "ports": [{"name": "prefixwatch", "containerPort": exposition.DEFAULT_PORT}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "prefixwatch"}},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "prefixwatch"},
                           "periodSeconds": 20},

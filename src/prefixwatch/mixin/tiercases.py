@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.vocab.rulenames import (
     ALERT_DEVICE_SHARE,
     ALERT_LOW,
     ALERT_OFFLOAD_FAILURES,
@@ -17,8 +17,8 @@ from prefixwatch.core.rulenames import (
     r_effective,
     r_offload_failed,
 )
-from prefixwatch.core.tiers import TIER_HOST
-from prefixwatch.core.windows import parse_duration
+from prefixwatch.core.vocab.tiers import TIER_HOST
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase, sample
 
 

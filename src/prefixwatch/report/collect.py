@@ -1,7 +1,7 @@
 """Everything the report shows, fetched from Prometheus in one pass.
 
 The report reads the series the alerts read: the mixin's recorded ratios and rates (their names
-come from core/rulenames.py). Figure 1 draws the ratio that pages (effective or device, as the
+come from core/vocab/rulenames.py). Figure 1 draws the ratio that pages (effective or device, as the
 rules judge it, over the critical alert's short window) against the threshold that pages, and
 the timeline, the phases and the cost follow the same series, so the report can never show a
 breach that did not page. Without the prefixwatch rules loaded there is nothing to read: the
@@ -14,8 +14,9 @@ import math
 import re
 from dataclasses import replace
 
-from prefixwatch.core import names, settings
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.story import window_words
+from prefixwatch.core.vocab import exposition, settings
+from prefixwatch.core.vocab.rulenames import (
     ALERT_PATTERN,
     MODEL,
     MODEL_TARGET,
@@ -28,9 +29,8 @@ from prefixwatch.core.rulenames import (
     r_ratio,
     r_recomputed,
 )
-from prefixwatch.core.story import window_words
-from prefixwatch.core.tiers import TIERS
-from prefixwatch.core.windows import parse_duration, ratio
+from prefixwatch.core.vocab.tiers import TIERS
+from prefixwatch.core.vocab.windows import parse_duration, ratio
 from prefixwatch.report.model import (
     TTFT_QUANTILES,
     PhaseStats,
@@ -51,15 +51,15 @@ from prefixwatch.report.timeline import (
     typical_spacing,
 )
 
-DIAGNOSIS = names.OUT_DIAGNOSIS.name
-L_PART = names.L_PART
-L_TIER = names.L_TIER
+DIAGNOSIS = exposition.OUT_DIAGNOSIS.name
+L_PART = exposition.L_PART
+L_TIER = exposition.L_TIER
 MAX_POINTS_PER_SERIES = 720
 
 
 def _sel(model: str, extra: str = "") -> str:
     escaped = model.replace("\\", "\\\\").replace('"', '\\"')
-    return "{" + f'{names.L_MODEL}="{escaped}"' + (f",{extra}" if extra else "") + "}"
+    return "{" + f'{exposition.L_MODEL}="{escaped}"' + (f",{extra}" if extra else "") + "}"
 
 
 #: A range selector in a rule's expression ('[6s]', '[2m]').
@@ -119,9 +119,9 @@ class Collector:
     def models(self) -> dict[str, float]:
         """Models with recorded series in the range, with their traffic (the denominator)."""
         found = self.client.query(
-            f"sum by ({names.L_MODEL}) (sum_over_time({self.names.den}[{_dur(self.span)}]))",
+            f"sum by ({exposition.L_MODEL}) (sum_over_time({self.names.den}[{_dur(self.span)}]))",
             self.end)
-        return {s.labels.get(names.L_MODEL, ""): s.samples[0][1] for s in found}
+        return {s.labels.get(exposition.L_MODEL, ""): s.samples[0][1] for s in found}
 
     def pick_model(self) -> tuple[str, list[str]]:
         models = self.models()
@@ -174,7 +174,7 @@ class Collector:
         sel = f'alertname=~"{ALERT_PATTERN}"'
         firing = self.client.query(f'ALERTS{{{sel},alertstate="firing"}}[{span}]', self.end)
         for_state = self.client.query(f"ALERTS_FOR_STATE{{{sel}}}[{span}]", self.end)
-        firing = [s for s in firing if s.labels.get(names.L_MODEL, model) == model]
+        firing = [s for s in firing if s.labels.get(exposition.L_MODEL, model) == model]
         spacing = typical_spacing(s.samples for s in firing + for_state) or self.step
         active = {_alert_key(s.labels): s.samples for s in for_state}
         out = []
@@ -193,9 +193,9 @@ class Collector:
         spacing = typical_spacing(s.samples for s in found) or self.step
         out: dict[str, list[tuple[str, Interval]]] = {}
         for s in found:
-            cause = s.labels.get(names.L_CAUSE, "?")
+            cause = s.labels.get(exposition.L_CAUSE, "?")
             for iv in runs(s.samples, spacing, self.end, holds=lambda v: v >= 1):
-                out.setdefault(cause, []).append((s.labels.get(names.L_TARGET, ""), iv))
+                out.setdefault(cause, []).append((s.labels.get(exposition.L_TARGET, ""), iv))
         return {c: sorted(v, key=lambda x: x[1].start) for c, v in sorted(out.items())}
 
     def tiers(self, model: str) -> dict[str, list[tuple[float, float]]] | None:
@@ -245,9 +245,9 @@ class Collector:
         denominator (summed before dividing, as the rules do)."""
         queries = self._mean(self.device.den, model, phase).get("", math.nan) * phase.seconds
         hits = self._mean(self.device.num, model, phase).get("", math.nan) * phase.seconds
-        num = self._mean(self.names.replica_num, model, phase, names.L_TARGET,
+        num = self._mean(self.exposition.replica_num, model, phase, exposition.L_TARGET,
                          self.replica_window)
-        den = self._mean(self.names.replica_den, model, phase, names.L_TARGET,
+        den = self._mean(self.exposition.replica_den, model, phase, exposition.L_TARGET,
                          self.replica_window)
         ttft = {}
         for q in TTFT_QUANTILES:
@@ -273,7 +273,7 @@ class Collector:
         device = (self._one(f"{self.device.ratio}{_sel(model)}")
                   if req.hit_ratio != settings.HIT_RATIO_DEVICE else [])
         replica = r_effective if req.hit_ratio == settings.HIT_RATIO_EFFECTIVE else r_ratio
-        replicas = {s.labels.get(names.L_TARGET, "?"): self._finite(s.samples)
+        replicas = {s.labels.get(exposition.L_TARGET, "?"): self._finite(s.samples)
                     for s in self._range(f"{replica(MODEL_TARGET, REPLICA_WINDOW)}{_sel(model)}")}
         cross = crossings(fleet, req.threshold)
         stats = [self.phase_stats(model, p)
@@ -297,11 +297,11 @@ class Collector:
     def culprit(self, model: str, since: float | None) -> str | None:
         """The exporter's culprit in words most often recorded from the drop on (over the
         range without a drop); None when it recorded none."""
-        found = self.client.query(f"{names.OUT_CULPRIT.name}{_sel(model)}[{_dur(self.span)}]",
+        found = self.client.query(f"{exposition.OUT_CULPRIT.name}{_sel(model)}[{_dur(self.span)}]",
                                   self.end)
         seen = {}
         for s in found:
-            words = s.labels.get(names.L_CULPRIT)
+            words = s.labels.get(exposition.L_CULPRIT)
             n = sum(1 for t, _ in s.samples if since is None or t >= since)
             if words and n:
                 seen[words] = seen.get(words, 0) + n

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from prefixwatch.core.logformat import LogRequest, read_jsonl
-from prefixwatch.core.prefixindex import Divergence, PrefixIndex
-from prefixwatch.core.tokenizers import AuditError, NoTokenizer, Tokenizer, open_tokenizer
-from prefixwatch.core.whatvaries import FIXES, OWN_CONTENT, OWN_CONTENT_SHARE, guess_kind
+from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex
+from prefixwatch.core.cache.whatvaries import FIXES, OWN_CONTENT, OWN_CONTENT_SHARE, guess_kind
+from prefixwatch.core.logs.formats import LogRequest, read_jsonl
+from prefixwatch.core.logs.tokenizers import AuditError, NoTokenizer, Tokenizer, open_tokenizer
 from prefixwatch.report.promapi import ReportError
 
 MAX_REQUESTS = 50_000

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prefixwatch.core import settings
-from prefixwatch.core.rulenames import (
+from prefixwatch.core.story import root_causes, window_words
+from prefixwatch.core.vocab import settings
+from prefixwatch.core.vocab.rulenames import (
     MODEL,
     MODEL_TARGET,
     REPLICA_WINDOW,
@@ -17,7 +18,6 @@ from prefixwatch.core.rulenames import (
     r_queries,
     r_ratio,
 )
-from prefixwatch.core.story import root_causes, window_words
 from prefixwatch.report.timeline import AlertFiring, Crossings, Interval, Phase
 
 TTFT_QUANTILES = (0.5, 0.95)

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 
 import jinja2
 
-from prefixwatch.core.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_cached
 from prefixwatch.core.story import headline, percent
 from prefixwatch.core.version import __version__
+from prefixwatch.core.vocab.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_cached
 from prefixwatch.report.divergence import Finding
 from prefixwatch.report.figures import Drawn
 from prefixwatch.report.model import TTFT_QUANTILES, ReportData

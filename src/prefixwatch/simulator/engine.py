@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core.blockcache import BlockPool, Node, Residency
-from prefixwatch.simulator.kvevents import KVEvents
+from prefixwatch.core.cache.blockcache import BlockPool, Node, Residency
+from prefixwatch.simulator.kvpublisher import KVEvents
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 
 

@@ -21,7 +21,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from prefixwatch.core import schemas
+from prefixwatch.core.vocab import schemas
 from prefixwatch.simulator import pages
 from prefixwatch.simulator.engine import Engine, SimRequest
 

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from prefixwatch.core.blockcache import block_ids, root_id
+from prefixwatch.core.cache.blockcache import block_ids, root_id
 
 #: Loading a token from host memory takes this many times less than recomputing it.
 LOAD_SPEEDUP = 10.0

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from prefixwatch.core.builtin_tokenizer import Tokenizer, apply_chat_template
+from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
 from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
-from prefixwatch.simulator.kvevents import (
+from prefixwatch.simulator.kvpublisher import (
     KVEventPublisher,
     KVEvents,
     KVEventSink,

@@ -20,8 +20,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prefixwatch.core.blockcache import block_ids, cached_tokens_for, root_id
-from prefixwatch.core.ledger import Parts
+from prefixwatch.core.cache.blockcache import block_ids, cached_tokens_for, root_id
+from prefixwatch.core.cache.requestledger import Parts
 from prefixwatch.simulator.engine import SimRequest
 
 

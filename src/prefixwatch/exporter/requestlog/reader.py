@@ -18,21 +18,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from prefixwatch.core import names
-from prefixwatch.core.logformat import (
+from prefixwatch.core.logs.formats import (
     MAX_LINE_BYTES,
     BadLine,
     LogRequest,
     VllmLogJoiner,
     parse_line,
 )
-from prefixwatch.core.tokenizers import (
+from prefixwatch.core.logs.tokenizers import (
     AuditError,
     NoTokenizer,
     ServerTokenizer,
     Tokenizer,
     open_tokenizer,
 )
+from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.requestlog.view import RequestView
 
 log = logging.getLogger("prefixwatch.requests")
@@ -51,8 +51,8 @@ class RequestsLogConfig:
     max_log_len: int | None = None
     #: The model the log belongs to; None: every model the targets serve.
     model: str | None = None
-    max_requests: int = names.REQUESTS_WINDOW_REQUESTS
-    max_blocks: int = names.REQUESTS_WINDOW_BLOCKS
+    max_requests: int = exposition.REQUESTS_WINDOW_REQUESTS
+    max_blocks: int = exposition.REQUESTS_WINDOW_BLOCKS
     #: Every request of this log was served by this replica (a per-target log); None: the
     #: log's own ``replica`` field, if any.
     replica: str | None = None

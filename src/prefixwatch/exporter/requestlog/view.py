@@ -21,15 +21,15 @@ from collections.abc import Callable, Hashable, Sequence
 
 from prometheus_client.utils import floatToGoString
 
-from prefixwatch.core import names
+from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex
+from prefixwatch.core.cache.requestledger import Ledger, Parts
+from prefixwatch.core.cache.whatvaries import OWN_CONTENT_SHARE, guess_kind
 from prefixwatch.core.diagnosis import RequestEvidence
-from prefixwatch.core.ledger import Ledger, Parts
-from prefixwatch.core.prefixindex import Divergence, PrefixIndex
-from prefixwatch.core.whatvaries import OWN_CONTENT_SHARE, guess_kind
+from prefixwatch.core.vocab import exposition
 
 
-def new_window(block_size: int, max_requests: int = names.REQUESTS_WINDOW_REQUESTS,
-               max_blocks: int = names.REQUESTS_WINDOW_BLOCKS) -> PrefixIndex:
+def new_window(block_size: int, max_requests: int = exposition.REQUESTS_WINDOW_REQUESTS,
+               max_blocks: int = exposition.REQUESTS_WINDOW_BLOCKS) -> PrefixIndex:
     """The one prefix index, bounded to a sliding window of recent requests."""
     return PrefixIndex(block_size, max_requests, max_blocks)
 
@@ -42,8 +42,9 @@ class RequestView:
 
     KIND_CACHE = 1024
 
-    def __init__(self, block_size: int = 16, max_requests: int = names.REQUESTS_WINDOW_REQUESTS,
-                 max_blocks: int = names.REQUESTS_WINDOW_BLOCKS,
+    def __init__(self, block_size: int = 16,
+                 max_requests: int = exposition.REQUESTS_WINDOW_REQUESTS,
+                 max_blocks: int = exposition.REQUESTS_WINDOW_BLOCKS,
                  clock: Callable[[], float] = time.time,
                  pool_blocks: Callable[[Hashable], int | None] | None = None) -> None:
         self.max_requests = max_requests
@@ -52,12 +53,12 @@ class RequestView:
         self.lock = threading.Lock()
         self.decoder: Decoder | None = None
         self.index = new_window(block_size, max_requests, max_blocks)
-        self.bounds = tuple(float(b) for b in names.DIVERGENCE_BUCKETS) + (math.inf,)
+        self.bounds = tuple(float(b) for b in exposition.DIVERGENCE_BUCKETS) + (math.inf,)
         self.bucket_counts = [0] * len(self.bounds)  # per bucket, not cumulative
         self.divergence_sum = 0.0
-        self.lines = dict.fromkeys(names.REQUESTS_LOG_RESULTS, 0)
+        self.lines = dict.fromkeys(exposition.REQUESTS_LOG_RESULTS, 0)
         self._kinds: OrderedDict[tuple[int, int], str] = OrderedDict()
-        #: The hit-rate ledger, fed from the same window (core/ledger.py).
+        #: The hit-rate ledger, fed from the same window (core/cache/requestledger.py).
         self.ledger = Ledger(block_size, pool_blocks)
 
     @property

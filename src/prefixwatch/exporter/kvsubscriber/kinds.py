@@ -1,0 +1,113 @@
+"""What varies where new chains diverge: the target's /detokenize names it (as the request
+view does), in a thread of its own so a slow tokenizer never delays a stream or a poll.
+
+Each source's mirror keeps the tokens on both sides of its recent divergences (a bounded
+queue); once a second they are decoded and named (``core.whatvaries.guess_kind``) and counted
+in ``prefixwatch_kv_divergences_total{kind}``. Without a tokenizer (the target answers no
+/detokenize) the kind is ``unknown``; the tokenizer is asked for again every 30 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from prefixwatch.core.cache.whatvaries import guess_kind
+from prefixwatch.core.kv.counts import Divergence
+from prefixwatch.core.logs.tokenizers import AuditError, ServerTokenizer
+from prefixwatch.exporter.kvsubscriber.source import KvSource
+
+log = logging.getLogger("prefixwatch.exporter.kvsubscriber")
+
+RETRY_SECONDS = 30.0
+TOKENIZER_TIMEOUT = 3.0
+UNKNOWN = "unknown"
+
+Decoder = Callable[[list[int]], str]
+
+
+def recent_divergences(sources: Iterable[KvSource], since: float
+                       ) -> dict[str, Counter[tuple[str, int]]]:
+    """The named divergences of ``sources`` since ``since`` (a time.time() value), per model,
+    counted by (kind, token position): what the culprit is chosen from."""
+    out: dict[str, Counter[tuple[str, int]]] = {}
+    for source in sources:
+        with source.lock:
+            named = [(model, kind, position) for at, model, kind, position in source.named
+                     if at >= since]
+        for model, kind, position in named:
+            out.setdefault(model, Counter())[(kind, position)] += 1
+    return out
+
+
+def classify(div: Divergence, decode: Decoder | None) -> str:
+    """The kind of one divergence; ``unknown`` without a decoder or when it fails."""
+    if decode is None:
+        return UNKNOWN
+    try:
+        before, mine, theirs = decode(div.before), decode(div.mine), decode(div.theirs)
+    except Exception:  # a tokenizer failing is not the stream's fault
+        return UNKNOWN
+    shared = div.position / div.chain_tokens if div.chain_tokens else None
+    return guess_kind(mine, theirs, before, shared)
+
+
+class KindNamer:
+    """Names the divergences of every source, once a second, until stopped."""
+
+    def __init__(self, sources: dict[str, KvSource], urls: dict[str, str],
+                 stop: threading.Event, interval: float = 1.0) -> None:
+        self.sources = sources
+        self.urls = urls  # target -> its /metrics URL (the tokenizer's base)
+        self.stop = stop
+        self.interval = interval
+        self._decoders: dict[str, tuple[float, Decoder | None]] = {}
+        self.thread = threading.Thread(target=self.run, name="kv-kinds", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+    def decoder(self, target: str) -> Decoder | None:
+        at, decode = self._decoders.get(target, (-RETRY_SECONDS, None))
+        if decode is None and time.monotonic() - at >= RETRY_SECONDS and target in self.urls:
+            try:
+                tok = ServerTokenizer(self.urls[target], concurrency=1,
+                                      timeout=TOKENIZER_TIMEOUT)
+                decode = lambda ids, t=tok: t.decode(ids, strict=True)  # noqa: E731
+                log.info("kv events of %s: divergence kinds from its /detokenize", target)
+            except AuditError as exc:
+                log.debug("kv events of %s: no tokenizer (%s)", target, exc)
+            self._decoders[target] = (time.monotonic(), decode)
+        return decode
+
+    def name_once(self) -> None:
+        for target, source in self.sources.items():
+            mirror = source.mirror
+            if mirror is None or self.stop.is_set():
+                continue
+            pending = mirror.take_divergences()
+            if not pending:
+                continue
+            decode = self.decoder(target)
+            for div in pending:
+                if self.stop.is_set():
+                    return
+                kind = classify(div, decode)
+                with source.lock:
+                    source.kinds[kind] = source.kinds.get(kind, 0) + 1
+                    if div.root not in mirror.fleet.placeholder_roots:  # a position known
+                        source.named.append((time.time(), mirror.fleet.model, kind,
+                                             div.position))
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval):
+            try:
+                self.name_once()
+            except Exception:  # a bug here must not end the streams
+                log.exception("kv events: naming divergences failed")
