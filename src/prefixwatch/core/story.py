@@ -53,13 +53,19 @@ class Culprit:
     kind: str
     position: int
     share: float
+    #: The last token where requests part over it, when a whole log is told (the audit):
+    #: 'at tokens 19-21'.
+    last: int | None = None
 
     @property
     def words(self) -> str:
         often = ("changes on every request" if self.share >= EVERY_REQUEST
                  else "changes on some requests")
         article = "an" if self.kind[:1] in "aeiou" else "a"
-        return f"{article} {self.kind} at token {self.position} of the prompt {often}"
+        where = (f"tokens {self.position}-{self.last}"
+                 if self.last is not None and self.last != self.position
+                 else f"token {self.position}")
+        return f"{article} {self.kind} at {where} of the prompt {often}"
 
 
 def culprit_of(divergences: Mapping[tuple[str, int], int] | Iterable[tuple[str, int]]
