@@ -138,8 +138,12 @@ def fleet_lines(rows: list[StatusRow], mode: str) -> list[FleetLine]:
         mine = [r for r in rows if r.model == model and not r.error]
         figures = [r.gap for r in mine if r.gap is not None]
         total = WindowFigures.summed(figures) if figures else None
-        value = None if total is None else (
-            total.hit_ratio if mode == settings.HIT_RATIO_DEVICE else total.effective_ratio)
+        device = mode == settings.HIT_RATIO_DEVICE
+        if total is not None:
+            value = total.hit_ratio if device else total.effective_ratio
+        else:  # rows without their figures: one target's own ratio, else none
+            value = (mine[0].gap_ratio if device else mine[0].effective_ratio
+                     ) if len(mine) == 1 else None
         named = tuple(sorted({c for r in mine for c in r.causes}))
         culprit = next((r.culprit for r in mine if r.culprit is not None), None)
         out.append(FleetLine(model, value, named, culprit, [r.target for r in mine]))

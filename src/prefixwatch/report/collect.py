@@ -245,9 +245,9 @@ class Collector:
         denominator (summed before dividing, as the rules do)."""
         queries = self._mean(self.device.den, model, phase).get("", math.nan) * phase.seconds
         hits = self._mean(self.device.num, model, phase).get("", math.nan) * phase.seconds
-        num = self._mean(self.exposition.replica_num, model, phase, exposition.L_TARGET,
+        num = self._mean(self.names.replica_num, model, phase, exposition.L_TARGET,
                          self.replica_window)
-        den = self._mean(self.exposition.replica_den, model, phase, exposition.L_TARGET,
+        den = self._mean(self.names.replica_den, model, phase, exposition.L_TARGET,
                          self.replica_window)
         ttft = {}
         for q in TTFT_QUANTILES:
