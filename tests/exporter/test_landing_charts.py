@@ -206,3 +206,48 @@ def test_cached_render_equals_a_fresh_one_over_an_hour(vllm_page: str) -> None:
         if i == 740 or (i > 760 and i % 2):
             html = _same_render(exporter, start + i * 5.0)
     assert "the last 60 min, one point per 75 s" in html and "TTFT p50 peak" in html
+
+
+def test_the_first_screen_answers(vllm_page: str, tmp_path: Path) -> None:
+    """At 1280x800, above the fold: the fleet's hit ratio now, the culprit in words and the
+    chart with axes; the tables come after (chromium measures where each one is)."""
+    from prefixwatch.core.story import Culprit
+
+    exporter = _exporter("http://127.0.0.1:9/metrics", "http://127.0.0.1:10/metrics")
+    _regression(exporter, vllm_page)
+    with exporter.state.lock:
+        exporter.state.culprits = {MODEL: Culprit("date/time", 19, 0.9)}
+    page = render_landing(exporter).replace("</body>", (
+        "<script>for (const [name, sel] of [['ratio', '.story .big'], ['culprit', '.culprit'],"
+        " ['chart', 'svg.big'], ['tables', 'table.targets']]) {"
+        " const r = document.querySelector(sel).getBoundingClientRect();"
+        " document.body.setAttribute('data-' + name, Math.round(r.bottom)); }</script></body>"))
+    path = tmp_path / "landing.html"
+    path.write_text(page)
+    dom = browser.load(path.as_uri(), width=1280, height=800).dom
+    bottom = {k: int(re.search(rf'data-{k}="(\d+)"', dom).group(1))
+              for k in ("ratio", "culprit", "chart", "tables")}
+    assert bottom["ratio"] < bottom["culprit"] < bottom["chart"] <= 800, bottom
+    assert bottom["tables"] > bottom["chart"], bottom
+    assert "3.0%" in page and "a date/time at token 19 of the prompt changes on every " \
+        "request" in page
+    assert ">100%</text>" in page and ">0%</text>" in page  # the chart's axis
+
+
+def test_every_kv_count_is_explained_where_it_appears(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """unknown_block 129 on the landing page comes with what it means, under the table."""
+    from prefixwatch.core.vocab import exposition
+    from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
+    from prefixwatch.exporter.landing import kv_section
+
+    assert set(exposition.KV_ERROR_MEANINGS) == set(exposition.KV_ERROR_REASONS)
+    exporter = _exporter("http://127.0.0.1:9/metrics")
+    source = KvSource("vllm-0", FleetRegistry())
+    source.count(exposition.KV_ERROR_UNKNOWN_BLOCK, 129)
+    source.count(exposition.KV_ERROR_UNKNOWN_PARENT, 56)
+    monkeypatch.setattr(exporter.kv, "all_sources", lambda: [source])
+    section = kv_section(exporter)
+    assert "unknown_block 129" in section and "unknown_parent 56" in section
+    for reason in (exposition.KV_ERROR_UNKNOWN_BLOCK, exposition.KV_ERROR_UNKNOWN_PARENT):
+        assert f"<code>{reason}</code>: {exposition.KV_ERROR_MEANINGS[reason]}" in section
