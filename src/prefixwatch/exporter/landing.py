@@ -263,7 +263,10 @@ def event_ledger_section(exporter: Exporter, window: str | None) -> str:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
+    """A chart's span or step in words, rounded as a person reads a clock."""
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.3g} s"
 
 
 def charts_section(exporter: Exporter, now: float, cached: bool = True) -> str:

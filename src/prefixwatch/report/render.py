@@ -298,7 +298,7 @@ def _impact(data: ReportData) -> str:
     if before is None:
         return (f"{ratio} {pct(during.judged)} during the incident, already below the "
                 "threshold at the start of the range (widen it for a healthy baseline)")
-    return (f"{ratio} {pct(before.judged)} -> {pct(during.judged)}, TTFT p50 "
+    return (f"{ratio}: {pct(before.judged)} -> {pct(during.judged)}, TTFT p50 "
             f"{secs(before.ttft.get(0.5))} -> {secs(during.ttft.get(0.5))}")
 
 
