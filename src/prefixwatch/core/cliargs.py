@@ -45,34 +45,35 @@ def duration_text(text: str) -> str:
     return stripped if _DURATION.match(stripped).group(2) else f"{value:g}s"  # type: ignore[union-attr]
 
 
+def _number(text: str, kind: type, what: str, ok, wanted: str):  # noqa: ANN001, ANN202
+    """``text`` as ``kind`` (int or float) when ``ok(value)``; else one line for argparse."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} {wanted}")
+    return value
+
+
 def positive_factor(text: str) -> float:
     """argparse type: a finite number greater than 0 (a scale, a rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number greater than 0")
-    return value
+    return _number(text, float, "a number", lambda v: math.isfinite(v) and v > 0,
+                   "must be a finite number greater than 0")
+
+
+def non_negative(text: str) -> float:
+    """argparse type: a finite number of 0 or more."""
+    return _number(text, float, "a number", lambda v: math.isfinite(v) and v >= 0,
+                   "must be 0 or more")
 
 
 def count(text: str) -> int:
     """argparse type: a whole number of 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return value
+    return _number(text, int, "a whole number", lambda v: v >= 1, "must be 1 or more")
 
 
 def port(text: str) -> int:
     """argparse type: a TCP port, 0 (any free port) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
-    return value
+    return _number(text, int, "a port number", lambda v: 0 <= v <= 65535,
+                   "is not a port (0-65535)")

@@ -165,9 +165,8 @@ class Alerts(Exprs):
         other than the exporter)."""
         if self.src.name != "exporter":
             return ""
-        cluster = self.cfg.cluster_label
-        matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q,part!=%q"
-        args = (f"$labels.{cluster} " if cluster else "") + '$labels.model_name "achieved"'
+        model, of_model = self.model_matchers()
+        matchers, args = model + ",part!=%q", of_model + ' "achieved"'
         query = f'printf "100 * topk(1, {R_LEDGER_SHARE}{{{matchers}}})" {args}'
         return ("{{ range query (" + query + ") }} Largest miss: {{ .Labels.part }} "
                 '({{ printf "%.1f" .Value }}% of prompt tokens).{{ end }}')
@@ -178,19 +177,22 @@ class Alerts(Exprs):
         where the exporter knows none."""
         if self.src.name != "exporter":
             return ""
-        cluster = self.cfg.cluster_label
-        matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q"
-        args = (f"$labels.{cluster} " if cluster else "") + "$labels.model_name"
+        matchers, args = self.model_matchers()
         query = f'printf "topk(1, {exposition.OUT_CULPRIT.name}{{{matchers}}})" {args}'
         return ("{{ range query (" + query + ") }} Culprit: {{ .Labels."
                 + exposition.L_CULPRIT + " }}.{{ end }}")
 
+    def model_matchers(self) -> tuple[str, str]:
+        """A query's matchers of the alerted model (and cluster), as printf's format and its
+        arguments."""
+        cluster = self.cfg.cluster_label
+        return ((f"{cluster}=%q," if cluster else "") + "model_name=%q",
+                (f"$labels.{cluster} " if cluster else "") + "$labels.model_name")
+
     def percent_of(self, series: str) -> str:
         """Template text: the alerted model's ``series`` as a percentage to one decimal
         (FIXED_PERCENT)."""
-        cluster = self.cfg.cluster_label
-        matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q"
-        args = (f"$labels.{cluster} " if cluster else "") + "$labels.model_name"
+        matchers, args = self.model_matchers()
         return ("{{ with query (printf \"100 * " + series + "{" + matchers + "}\" " + args
                 + ") }}" + FIXED_PERCENT + "{{ end }}")
 

@@ -22,16 +22,6 @@ from prefixwatch.simulator.server import Replica, ReplicaServer
 log = logging.getLogger("prefixwatch.simulate")
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
-
-
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     defaults = EngineConfig()
     p = sub.add_parser(
@@ -46,7 +36,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-scenarios", action="store_true", help="explain each scenario, exit")
     p.add_argument("--scenario", default="static-system-prompt", metavar="NAME",
                    help="workload to run (default static-system-prompt; see --list-scenarios)")
-    p.add_argument("--rate", type=_non_negative, default=4.0, metavar="REQ_PER_S",
+    p.add_argument("--rate", type=cliargs.non_negative, default=4.0, metavar="REQ_PER_S",
                    help="requests per second over all replicas (default 4; 0 = serve only)")
     p.add_argument("--switch-at", type=cliargs.duration, metavar="DURATION",
                    help="switch to --switch-to after this long, e.g. 10m (a bad deploy)")
@@ -97,7 +87,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                         "VLLM_LOGGING_LEVEL=DEBUG) to FILE, '-' for stdout")
     p.add_argument("--max-log-len", type=int, metavar="N",
                    help="cut logged prompts and token ids at N, as vLLM's --max-log-len")
-    p.add_argument("--request-log-max-mb", type=_non_negative, default=0, metavar="MB",
+    p.add_argument("--request-log-max-mb", type=cliargs.non_negative, default=0, metavar="MB",
                    help="rotate the --request-log FILE to FILE.1 when it reaches MB megabytes "
                         "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
     p.add_argument("--kv-events-port", type=int, metavar="N",
