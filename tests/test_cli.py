@@ -431,6 +431,7 @@ def test_help_points_only_to_what_an_installed_package_has() -> None:
 
     texts = _help_texts()
     assert not re.search(r"\b\w+/[\w.-]+\.example\.yml", texts), texts
+    assert not re.search(r"(?<![/\w])docs/\w", " ".join(texts.split())), texts
     assert "prefixwatch example-config exporter" in " ".join(texts.split())
     root = Path(__file__).resolve().parents[1]
     for which, repo_copy in (("exporter", "exporter/prefixwatch.example.yml"),

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.version import __version__
-from prefixwatch.core.vocab import causes, exposition
+from prefixwatch.core.vocab import causes, exposition, rulenames
 
 log = logging.getLogger("prefixwatch")
 
@@ -90,6 +90,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 #: The example configurations shipped inside the package (`prefixwatch example-config`).
 EXAMPLES = {"exporter": "exporter.example.yml", "mixin": "mixin.example.yml"}
+#: Where the documentation lives: help texts point there, not to files of the repository,
+#: which an installed package does not have.
+DOCS = rulenames.DEFAULT_RUNBOOK_URL.rsplit("/", 1)[0]
 #: Options of the top-level parser that may also follow the sub-command, with their values.
 GLOBAL_OPTIONS = ("--log-level",)
 
@@ -153,11 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(default {' '.join(exposition.DEFAULT_WINDOWS)})")
     exp.add_argument("--web-config-file", metavar="FILE",
                      help="TLS and basic auth for the exporter's own endpoint (exporter-toolkit "
-                          "format; see docs/configuration.md)")
+                          f"format; see {DOCS}/configuration.md)")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
     diag = exp.add_argument_group(
-        "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
+        "diagnosis", f"why the hit rate is low (prefixwatch_diagnosis; {DOCS}/runbooks.md)")
     diag.add_argument("--diagnosis-window", metavar="DURATION", type=cliargs.duration_text,
                       help=f"window the causes are judged over (default "
                            f"{causes.DIAGNOSIS_WINDOW})")

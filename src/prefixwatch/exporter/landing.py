@@ -18,7 +18,7 @@ from prefixwatch.core.cache.whatvaries import FIXES
 from prefixwatch.core.kv.eventledger import event_table
 from prefixwatch.core.story import Culprit, percent
 from prefixwatch.core.version import __version__
-from prefixwatch.core.vocab import exposition, settings, tiers
+from prefixwatch.core.vocab import exposition, rulenames, settings, tiers
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.evidence import served_tokens
@@ -152,7 +152,7 @@ def _story(model: str, value: float | None, window: str | None, name: str, thres
     return "".join(lines) + "</div>"
 
 
-RUNBOOK = "https://github.com/prefixwatch/prefixwatch/blob/main/docs/runbooks.md"
+RUNBOOK = rulenames.DEFAULT_RUNBOOK_URL
 LEGEND = ('<p class="legend"><span style="color:#08519c">&#9644; {name}</span> (left scale) '
           '&middot; <span style="color:#d62728">- - threshold {threshold}</span> &middot; '
           '<span style="color:#f16913">&#9644; TTFT p50</span> (right scale) &middot; the last '
