@@ -83,7 +83,7 @@ def history_memory(targets: int, interval: float) -> float:
         for mon in monitors:
             mon.ingest(pages[i], 1_000_000.0 + i * interval)
     del pages
-    assert all(m.up for m in monitors)
+    assert all(m.view.up for m in monitors)
     return rss_mb(os.getpid())[0] - before
 
 

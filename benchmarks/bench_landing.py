@@ -31,7 +31,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets  # noqa: E402
-from prefixwatch.exporter.landing import charts_section, render_landing  # noqa: E402
+from prefixwatch.exporter.landing import charts_section  # noqa: E402
 from prefixwatch.exporter.service import Exporter  # noqa: E402
 from tests.conftest import with_counters  # noqa: E402
 
@@ -64,15 +64,16 @@ def build(targets: int) -> Exporter:
                                        listen_address="127.0.0.1:0"))
     first = exporter.monitors[0]
     start = time.time() - 3600
-    for i in range(HOUR):
+    for i in range(HOUR - 1):
         first.ingest(poll_page(i), start + i * INTERVAL)
     for mon in exporter.monitors[1:]:
-        with first.lock:
-            mon.series = copy.deepcopy(first.series)
-            mon.snapshot, mon.models = first.snapshot, first.models
-        mon.up = mon.polled = True
-        mon.last_success = first.last_success
-    exporter.update_diagnosis(first.last_success)
+        # The same hour without polling it again: a copy of the first monitor's history (its
+        # private state, copied here only to build the benchmark's fleet quickly).
+        mon._histories = copy.deepcopy(first._histories)
+    last = start + (HOUR - 1) * INTERVAL
+    for mon in exporter.monitors:  # the hour's last poll: every target publishes its view
+        mon.ingest(poll_page(HOUR - 1), last)
+    exporter.update_diagnosis(last)
     return exporter
 
 
@@ -81,7 +82,7 @@ def steady(exporter: Exporter, render: Callable[[], object], first: int, repeat:
     """Render times, each after one new poll (``first``, ``first + 1``, ... after the hour)
     of every target (not timed)."""
     runs = []
-    last = exporter.monitors[0].last_success
+    last = exporter.monitors[0].view.last_success
     for step in range(repeat):
         text = poll_page(HOUR + first + step)
         for mon in exporter.monitors:
@@ -108,13 +109,13 @@ def main() -> int:
     args = parser.parse_args()
     exporter = build(args.targets)
     started = time.perf_counter()
-    page = render_landing(exporter)
+    page = exporter.landing_page()
     cold = time.perf_counter() - started
-    runs = steady(exporter, lambda: render_landing(exporter), 0, args.repeat)
+    runs = steady(exporter, exporter.landing_page, 0, args.repeat)
     landing = statistics.median(runs)
     # The charts alone (the rest of the page is the targets' table), on further new polls.
-    alone = steady(exporter, lambda: charts_section(exporter, time.time()), args.repeat,
-                   args.repeat)
+    alone = steady(exporter, lambda: charts_section(exporter.landing_inputs(), time.time()),
+                   args.repeat, args.repeat)
     metrics = timed(lambda: generate_latest(exporter.registry), args.repeat)
     print(f"targets                 {args.targets}")
     print(f"landing page (charts)   {landing * 1000:7.1f} ms   median of {args.repeat}, a new "

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from prefixwatch.core.vocab import causes, exposition
-from prefixwatch.exporter.config import ConfigError, build_config
+from prefixwatch.exporter.config import ConfigError, ConfigFlags, build_config
 from tests.conftest import PageServer, free_port, with_counters
 
 
@@ -95,28 +95,28 @@ def test_config_precedence(tmp_path) -> None:
     path.write_text("interval: 7\nwindows: [2m]\ntarget_defaults: {timeout: 9}\n"
                     "targets:\n  - url: http://vllm-a:8000/metrics\n"
                     "  - {url: 'http://vllm-b:8000/metrics', name: b}\n")
-    cfg = build_config(config_file=str(path), environ={})
+    cfg = build_config(ConfigFlags(config_file=str(path)), environ={})
     assert cfg.interval == 7 and cfg.windows == ("2m",)
     assert [t.name for t in cfg.targets] == ["vllm-a:8000", "b"]
     assert all(t.timeout == 9 for t in cfg.targets)
-    flags = build_config(config_file=str(path), targets=["http://x:1/metrics"], interval=3,
-                         environ={})
+    flags = build_config(ConfigFlags(config_file=str(path), targets=["http://x:1/metrics"],
+                                     interval=3), environ={})
     assert [t.url for t in flags.targets] == ["http://x:1/metrics"] and flags.interval == 3
     env = build_config(environ={exposition.ENV_TARGETS: "http://e1:1/metrics, http://e2:1/metrics"})
     assert [t.name for t in env.targets] == ["e1:1", "e2:1"]
     default = build_config(environ={})
     assert default.targets[0].url == exposition.DEFAULT_TARGET
     assert default.listen_address == f"0.0.0.0:{exposition.DEFAULT_PORT}"
-    same_host = build_config(targets=["http://h:1/a", "http://h:1/b"], environ={})
+    same_host = build_config(ConfigFlags(targets=["http://h:1/a", "http://h:1/b"]), environ={})
     assert [t.name for t in same_host.targets] == ["http://h:1/a", "http://h:1/b"]
     with pytest.raises(ConfigError):
-        build_config(windows=["1m", "lifetime"], environ={})
+        build_config(ConfigFlags(windows=["1m", "lifetime"]), environ={})
 
 
 def test_example_config_is_valid() -> None:
     example = os.path.join(os.path.dirname(__file__), "..", "exporter",
                            "prefixwatch.example.yml")
-    cfg = build_config(config_file=example, environ={})
+    cfg = build_config(ConfigFlags(config_file=example), environ={})
     assert cfg.targets and cfg.interval > 0
 
 
@@ -363,8 +363,10 @@ def test_lazy_subcommands_list_their_modules_own_help() -> None:
 @pytest.mark.parametrize("args,absent", [
     (["--help"], ("prefixwatch.exporter", "prefixwatch.mixin", "prefixwatch.report",
                   "prefixwatch.audit", "prefixwatch.simulator", "prefixwatch.demo")),
-    (["exporter", "--help"], ("prefixwatch.exporter", "prefixwatch.mixin", "numpy", "requests")),
-    (["status", "--help"], ("prefixwatch.exporter", "numpy", "matplotlib")),
+    (["exporter", "--help"], ("prefixwatch.exporter.service", "prefixwatch.exporter.config",
+                              "prefixwatch.mixin", "numpy", "requests", "prometheus_client")),
+    (["status", "--help"], ("prefixwatch.exporter.status", "prefixwatch.exporter.monitor",
+                            "numpy", "matplotlib")),
     (["report", "--help"], ("matplotlib", "jinja2", "prefixwatch.exporter")),
     (["rules", "--help"], ("prefixwatch.report", "prefixwatch.exporter", "matplotlib")),
 ])

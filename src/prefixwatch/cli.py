@@ -13,15 +13,12 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from prefixwatch.core import cliargs
-from prefixwatch.core.errors import ConfigError, PrefixwatchError
+from prefixwatch.core.errors import PrefixwatchError
 from prefixwatch.core.version import __version__
-from prefixwatch.core.vocab import causes, exposition, rulenames
 
 log = logging.getLogger("prefixwatch")
 
@@ -30,6 +27,10 @@ log = logging.getLogger("prefixwatch")
 PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
     "demo": ("start here: the whole stack on this machine, without Docker",
              "prefixwatch.demo", "add_demo_parser", "run_demo"),
+    "exporter": ("run the sidecar exporter",
+                 "prefixwatch.exporter.cli", "add_exporter_parser", "run_exporter"),
+    "status": ("one-shot view of the prefix cache, without Prometheus",
+               "prefixwatch.exporter.cli", "add_status_parser", "run_status"),
     "simulate": ("serve simulated vLLM replicas with a built-in workload",
                  "prefixwatch.simulator.cli", "add_simulate_parser", "run_simulate"),
     "rules": ("generate Prometheus rules and Alertmanager routing",
@@ -43,6 +44,12 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
     "report": ("write an incident report (HTML, Markdown, figures) from Prometheus",
                "prefixwatch.report.cli", "add_report_parser", None),
 }
+
+
+#: The example configurations shipped inside the package (`prefixwatch example-config`).
+EXAMPLES = {"exporter": "exporter.example.yml", "mixin": "mixin.example.yml"}
+#: Options of the top-level parser that may also follow the sub-command, with their values.
+GLOBAL_OPTIONS = ("--log-level",)
 
 
 class LazySubcommands(argparse._SubParsersAction):
@@ -88,39 +95,6 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-#: The example configurations shipped inside the package (`prefixwatch example-config`).
-EXAMPLES = {"exporter": "exporter.example.yml", "mixin": "mixin.example.yml"}
-#: Where the documentation lives: help texts point there, not to files of the repository,
-#: which an installed package does not have.
-DOCS = rulenames.DEFAULT_RUNBOOK_URL.rsplit("/", 1)[0]
-#: Options of the top-level parser that may also follow the sub-command, with their values.
-GLOBAL_OPTIONS = ("--log-level",)
-
-
-def _add_target_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", action="append", metavar="URL", dest="targets",
-                   help=f"a /metrics URL to poll; repeat for several "
-                        f"(default: ${exposition.ENV_TARGETS}, comma-separated, or "
-                        f"{exposition.DEFAULT_TARGET})")
-    p.add_argument("--config", metavar="FILE", dest="config_file",
-                   help=f"YAML config file (every key: `prefixwatch example-config "
-                        f"exporter`; default: ${exposition.ENV_CONFIG})")
-    p.add_argument("--timeout", type=cliargs.duration, metavar="DURATION",
-                   help=f"per-target poll timeout (default {exposition.DEFAULT_TIMEOUT_SECONDS:g})")
-    p.add_argument("--bearer-token-file", metavar="FILE",
-                   help="send 'Authorization: Bearer <file contents>' to every target")
-    p.add_argument("--ca-file", metavar="FILE", help="CA bundle to verify HTTPS targets")
-    p.add_argument("--insecure-skip-verify", action="store_true",
-                   help="do not verify HTTPS certificates")
-    p.add_argument("--kv-events", metavar="ENDPOINT",
-                   help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
-                        "e.g. tcp://localhost:5557, for the one target; several targets: "
-                        "kv_events per target in the config file")
-    p.add_argument("--max-body-bytes", type=cliargs.count, metavar="N",
-                   help=f"refuse pages larger than N bytes "
-                        f"(default {exposition.DEFAULT_MAX_BODY_BYTES})")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="prefixwatch",
@@ -136,69 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "is the output)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 action=LazySubcommands)
-    demo_help, demo_module, demo_builder, _ = PRODUCT_COMMANDS["demo"]
-    sub.add_lazy("demo", demo_help, demo_module, demo_builder)
-
-    exp = sub.add_parser(
-        "exporter", help="run the sidecar exporter",
-        description="Poll vLLM/SGLang /metrics pages and expose prefix-cache hit ratios over "
-                    "time windows, normalized counters and TTFT as prefixwatch_* series.")
-    _add_target_flags(exp)
-    exp.add_argument("--interval", type=cliargs.duration, metavar="DURATION",
-                     help=f"poll interval (default {exposition.DEFAULT_INTERVAL_SECONDS:g})")
-    exp.add_argument("--listen-address", metavar="HOST:PORT",
-                     help="where to serve /metrics (default "
-                          f"{exposition.DEFAULT_LISTEN_ADDRESS}, every interface; "
-                          "127.0.0.1:PORT keeps it on loopback)")
-    exp.add_argument("--window", action="append", metavar="DURATION", dest="windows",
-                     type=cliargs.duration_text,
-                     help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
-                          f"(default {' '.join(exposition.DEFAULT_WINDOWS)})")
-    exp.add_argument("--web-config-file", metavar="FILE",
-                     help="TLS and basic auth for the exporter's own endpoint (exporter-toolkit "
-                          f"format; see {DOCS}/configuration.md)")
-    exp.add_argument("--otlp-endpoint", metavar="URL",
-                     help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
-    diag = exp.add_argument_group(
-        "diagnosis", f"why the hit rate is low (prefixwatch_diagnosis; {DOCS}/runbooks.md)")
-    diag.add_argument("--diagnosis-window", metavar="DURATION", type=cliargs.duration_text,
-                      help=f"window the causes are judged over (default "
-                           f"{causes.DIAGNOSIS_WINDOW})")
-    diag.add_argument("--cold-start", metavar="DURATION", type=cliargs.duration_text,
-                      help=f"a server that (re)started less than this ago is cold "
-                           f"(default {causes.COLD_START})")
-    diag.add_argument("--requests-log", metavar="PATH",
-                      help="opt-in request-level view: a JSONL request log (as `audit` reads) "
-                           "or vLLM's own log with --enable-log-requests and "
-                           "VLLM_LOGGING_LEVEL=DEBUG (vLLM 0.33 and the older one-line form)")
-    diag.add_argument("--follow", action="store_true", default=None,
-                      help="follow the requests log as it grows (tail -F: rotation and "
-                           "truncation handled); without it the file is read once")
-    diag.add_argument("--requests-tokenizer", metavar="SPEC",
-                      help="tokenizer for text requests and divergence kinds: 'server' (the "
-                           "first target's /tokenize, default), a URL, a Hugging Face "
-                           "tokenizer directory, 'builtin' (the simulator's) or 'none'")
-    diag.add_argument("--max-log-len", type=cliargs.count, metavar="N",
-                      help="the server's --max-log-len: logged token ids of N are cut "
-                           "(counted as truncated)")
-    diag.add_argument("--requests-model", metavar="NAME",
-                      help="the model the requests log belongs to (default: every model)")
-
-    st = sub.add_parser(
-        "status", help="one-shot view of the prefix cache, without Prometheus",
-        description="Poll each target twice, a few seconds apart, and print the hit ratio over "
-                    "that gap and over the server's lifetime, query rate, TTFT, KV usage, and "
-                    "why the hit rate is low (the exporter's diagnosis rules, over the gap).")
-    _add_target_flags(st)
-    st.add_argument("--gap", type=cliargs.duration, default=5.0, metavar="DURATION",
-                    help="time between the two polls (default 5s)")
-    st.add_argument("--cold-start", metavar="DURATION", type=cliargs.duration_text,
-                    help=f"a server that (re)started less than this ago is cold (default "
-                         f"{causes.COLD_START}; `prefixwatch demo --time-scale` prints its own)")
 
     for name, (summary, module, builder, _) in PRODUCT_COMMANDS.items():
-        if name != "demo":
-            sub.add_lazy(name, summary, module, builder)
+        sub.add_lazy(name, summary, module, builder)
     ex = sub.add_parser(
         "example-config", help="print an example configuration file, every key commented",
         description="Print the example exporter config (--config of exporter and status) or "
@@ -232,8 +146,7 @@ def _globals_first(argv: list[str]) -> list[str]:
         if arg == "--":
             rest += argv[i:]
             break
-        name = arg.split("=", 1)[0]
-        if name in GLOBAL_OPTIONS:
+        if arg.split("=", 1)[0] in GLOBAL_OPTIONS:
             take = 1 if "=" in arg or i + 1 >= len(argv) else 2
             front += argv[i:i + take]
             i += take
@@ -241,67 +154,6 @@ def _globals_first(argv: list[str]) -> list[str]:
         rest.append(arg)
         i += 1
     return front + rest
-
-
-#: Flags that are build_config's keywords of the same name: the target flags and --cold-start,
-#: and the exporter's own.
-_CONFIG_FLAGS = ("targets", "config_file", "timeout", "bearer_token_file", "ca_file",
-                 "insecure_skip_verify", "max_body_bytes", "kv_events", "cold_start")
-_EXPORTER_FLAGS = ("interval", "listen_address", "windows", "otlp_endpoint", "web_config_file",
-                   "diagnosis_window")
-
-
-def _config_from(args: argparse.Namespace, with_exporter_flags: bool):
-    from prefixwatch.exporter.config import build_config
-
-    flags = _CONFIG_FLAGS + (_EXPORTER_FLAGS if with_exporter_flags else ())
-    kwargs = {flag: getattr(args, flag) for flag in flags}
-    if with_exporter_flags:
-        log_flags = {"follow": args.follow, "tokenizer": args.requests_tokenizer,
-                     "max_log_len": args.max_log_len, "model": args.requests_model}
-        if args.requests_log:
-            kwargs["requests_log"] = {"path": args.requests_log, **log_flags}
-        elif any(v is not None for v in log_flags.values()):
-            raise ConfigError("--follow, --requests-tokenizer, --max-log-len and "
-                              "--requests-model go with --requests-log PATH")
-    return build_config(**kwargs)
-
-
-def run_exporter(args: argparse.Namespace) -> int:
-    from prefixwatch.exporter.service import Exporter
-
-    config = _config_from(args, with_exporter_flags=True)
-    exporter = Exporter(config)
-    bridge = None
-    if config.otlp_endpoint:
-        from prefixwatch.exporter.otlp import OtlpBridge
-
-        bridge = OtlpBridge(exporter.collector, config.otlp_endpoint)
-        exporter.round_listeners.append(bridge.export)
-        log.info("exporting to OTLP/HTTP at %s after each poll round", bridge.endpoint)
-    try:
-        exporter.start()
-    except OSError as exc:
-        raise ConfigError(f"cannot listen on {config.listen_address}: {exc.strerror}") from exc
-    _stop_on_signals(exporter.stop)
-    exporter.wait()
-    if bridge is not None:
-        bridge.shutdown()
-    log.info("stopped")
-    return 0
-
-
-def run_report(args: argparse.Namespace) -> int:
-    """The report reads what pages under the mixin config (--config, else the defaults): its
-    threshold (--threshold wins), its ratio and the critical alert's short window."""
-    from prefixwatch.mixin.config import MixinConfig, load_config
-    from prefixwatch.report.cli import Paging
-    from prefixwatch.report.cli import run_report as write
-
-    cfg = load_config(args.config) if args.config else MixinConfig()  # ConfigError: exit 2
-    return write(args, Paging(cfg.hit_ratio_threshold if args.threshold is None
-                              else args.threshold, cfg.hit_ratio, cfg.critical_short_window,
-                              cfg.time_scale))
 
 
 def run_example_config(args: argparse.Namespace) -> int:
@@ -312,32 +164,16 @@ def run_example_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_status(args: argparse.Namespace) -> int:
-    from prefixwatch.exporter.status import (
-        collect_status,
-        event_ledger_status,
-        ledger_status,
-        log_culprits,
-        render,
-    )
+def run_report(args: argparse.Namespace) -> int:
+    """The report reads what pages under the mixin config (--config, else the defaults): its
+    threshold (--threshold wins), its ratio and the critical alert's short window."""
+    from prefixwatch.mixin.config import MixinConfig, load_config
+    from prefixwatch.report.cli import Paging, report_on_paging
 
-    config = _config_from(args, with_exporter_flags=False)
-    events = event_ledger_status(config)  # follows the streams through the gap
-    story = events.story if events is not None else (
-        (lambda: ({}, log_culprits(config, []))) if config.requests_log else None)
-    rows = collect_status(config, args.gap, story)
-    print(render(rows, args.gap, config.hit_ratio_mode))
-    print("\n".join(events.finish() if events is not None else ledger_status(config, rows)))
-    return 1 if any(r.error for r in rows) else 0
-
-
-def _stop_on_signals(stop) -> None:
-    def handler(signum: int, _frame: object) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop()
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    cfg = load_config(args.config) if args.config else MixinConfig()  # ConfigError: exit 2
+    return report_on_paging(args, Paging(cfg.hit_ratio_threshold if args.threshold is None
+                              else args.threshold, cfg.hit_ratio, cfg.critical_short_window,
+                              cfg.time_scale))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -361,8 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     """The function that runs a sub-command (a product's is imported from its module)."""
-    local = {"exporter": run_exporter, "status": run_status, "report": run_report,
-             "example-config": run_example_config}
+    local = {"report": run_report, "example-config": run_example_config}
     if command in local:
         return local[command]
     _, module, _, runner = PRODUCT_COMMANDS[command]

@@ -181,7 +181,7 @@ def test_evidence_from_polled_pages() -> None:
     mon.ingest(page(), t0)
     mon.ingest(page(q=1000, h=500, kv=0.95, w=1, e1=30, e2=40), t0 + 30)
     mon.ingest(page(q=2000, h=900, p=2, kv=0.99, w=4, e1=60, e2=80), t0 + 60)
-    ev = evidence_for(mon, t0 + 60, 60.0)["m"]
+    ev = evidence_for(mon.view, t0 + 60, 60.0)["m"]
     assert (ev.queries, ev.hits, ev.preemptions) == (2000, 900, 2)
     assert ev.kv_peak == 0.99 and (ev.waiting_first, ev.waiting_last) == (0, 4)
     assert ev.evicted_blocks == 80 and ev.evict_idle_median == pytest.approx(0.6667, abs=1e-3)
@@ -190,10 +190,10 @@ def test_evidence_from_polled_pages() -> None:
     assert one(ev) == ["eviction_pressure"]
     # A restart (counters back to 0, a new created time) makes the target cold.
     mon.ingest(page(q=10, h=0, created=t0 + 70), t0 + 75)
-    ev = evidence_for(mon, t0 + 75, 60.0)["m"]
+    ev = evidence_for(mon.view, t0 + 75, 60.0)["m"]
     assert ev.seconds_since_start == pytest.approx(5)
     mon.ingest(page(q=20, on="False", created=t0 + 70), t0 + 80)
-    assert evidence_for(mon, t0 + 80, 60.0)["m"].caching_enabled is False
+    assert evidence_for(mon.view, t0 + 80, 60.0)["m"].caching_enabled is False
 
 
 def test_hit_ratio_mode_is_one_shared_key() -> None:

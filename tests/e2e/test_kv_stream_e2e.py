@@ -50,13 +50,14 @@ def wait_for(check, seconds: float = 20.0, what: str = "") -> None:
 
 
 @contextmanager
-def replicas_and_exporter(cfg: EngineConfig) -> Iterator[tuple[list[ReplicaServer],
-                                                               tuple[TargetConfig, ...],
-                                                               Exporter]]:
-    """Two simulated replicas publishing on free ports, and an exporter subscribed to both
-    (and polled once, so the ledger's baseline is there) before any request: PUB drops what
-    it sends before a subscription arrives."""
-    sims = [ReplicaServer(Replica(cfg, index=i, kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
+def replicas_and_exporter(cfg: EngineConfig, server: str = "vllm"
+                          ) -> Iterator[tuple[list[ReplicaServer], tuple[TargetConfig, ...],
+                                              Exporter]]:
+    """Two simulated replicas (of ``server``) publishing on free ports, and an exporter
+    subscribed to both (and polled once, so the ledger's baseline is there) before any
+    request: PUB drops what it sends before a subscription arrives."""
+    sims = [ReplicaServer(Replica(cfg, index=i, server=server,
+                                  kv_events=KVEventsOptions("tcp://127.0.0.1:0")),
                           "127.0.0.1", 0) for i in range(2)]
     for s in sims:
         s.start()

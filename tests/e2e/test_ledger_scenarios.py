@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefixwatch.core.cache.requestledger import Parts, shares
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.simulator import scenarios
 from prefixwatch.simulator.driver import Driver
@@ -91,10 +91,10 @@ def run_case(name: str, tmp_path, seconds: float = 5.0, rate: float = 25.0) -> O
                for i in range(sc.replicas)]
     for s in servers:
         s.start()
-    config = build_config(
+    config = build_config(ConfigFlags(
         targets=[f"http://127.0.0.1:{s.port}/metrics" for s in servers], interval=0.5,
         listen_address="127.0.0.1:0", diagnosis_window="60s", cold_start="1s",
-        requests_log={"path": log_path, "follow": True, "tokenizer": "none"}, environ={})
+        requests_log={"path": log_path, "follow": True, "tokenizer": "none"}), environ={})
     exporter = Exporter(config)
     truth = LedgerTruth(cfg.block_size)
     driver = Driver([s.replica for s in servers], sc, rate, seed=3, truth=truth)

@@ -43,9 +43,10 @@ def measure(scenario: str, seconds: float = 4.0, rate: float = 40.0,
         driver.stop()
         for s in servers:
             s.stop()
-    assert all(m.up for m in monitors)
-    queries = sum(m.models[cfg.model].windows["w"].queries for m in monitors)
-    hits = sum(m.models[cfg.model].windows["w"].hits for m in monitors)
+    views = [m.view for m in monitors]
+    assert all(v.up for v in views)
+    queries = sum(v.models[cfg.model].windows["w"].queries for v in views)
+    hits = sum(v.models[cfg.model].windows["w"].hits for v in views)
     assert queries > 0
     return hits / queries
 

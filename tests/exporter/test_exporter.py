@@ -135,9 +135,10 @@ def test_faults_mark_the_target_down_with_a_reason(page_server: PageServer, vllm
     target = TargetConfig(page_server.url, name="t", timeout=1.0, max_body_bytes=100_000)
     mon = TargetMonitor(target, WINDOWS, 1.0)
     mon.poll()
-    assert not mon.up
-    assert mon.reason == reason, mon.last_error
-    assert mon.errors[reason] == 1
+    view = mon.view
+    assert not view.up
+    assert view.reason == reason, view.last_error
+    assert view.errors[reason] == 1
 
 
 def test_connection_refused() -> None:
@@ -145,7 +146,7 @@ def test_connection_refused() -> None:
         target = TargetConfig(f"http://127.0.0.1:{port}/metrics", name="t", timeout=1.0)
         mon = TargetMonitor(target, WINDOWS, 1.0)
         mon.poll()
-    assert (mon.up, mon.reason) == (False, "connect")
+    assert (mon.view.up, mon.view.reason) == (False, "connect")
 
 
 def test_bad_target_does_not_disturb_the_others(vllm_page: str, caplog) -> None:
@@ -253,7 +254,7 @@ def test_a_slow_target_does_not_hold_up_the_round(vllm_page: str) -> None:
             s.serve(vllm_page, delay=0.6)
         exporter = make_exporter(*(s.url for s in servers))
         exporter.poll_round()
-        assert all(m.up for m in exporter.monitors)
+        assert all(v.up for v in exporter.views())
         # Structural, not a stopwatch: some polls were in flight at the same time (one by
         # one, each would end before the next began).
         spans = sorted(span for s in servers for span in s.spans)

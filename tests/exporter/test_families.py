@@ -11,7 +11,7 @@ import yaml
 
 from prefixwatch.core.vocab import exposition, families, schemas
 from prefixwatch.exporter.collector import PrefixwatchCollector
-from prefixwatch.exporter.config import TargetConfig, build_config
+from prefixwatch.exporter.config import ConfigFlags, TargetConfig, build_config
 from prefixwatch.exporter.kvsubscriber.kinds import KindNamer
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.otlp import OtlpBridge
@@ -46,7 +46,7 @@ def monitors() -> list[TargetMonitor]:
         now = time.time()
         mon.ingest(page, now - 5)
         mon.ingest(page, now)
-        assert mon.up, mon.last_error
+        assert mon.view.up, mon.view.last_error
         out.append(mon)
     return out
 
@@ -54,7 +54,7 @@ def monitors() -> list[TargetMonitor]:
 def test_every_row_is_read_from_a_page(monitors: list[TargetMonitor]) -> None:
     seen: set[str] = set()
     for mon in monitors:
-        for state in mon.series.values():
+        for state in mon.view.series.values():
             v = state.values
             seen |= set(v.counters) | set(v.gauges) | set(v.histograms)
     for row in families.FAMILIES:
@@ -78,13 +78,13 @@ def kv_exporter(tmp_path) -> Exporter:
         {"url": f"http://127.0.0.1:{i + 1}/metrics", "name": f"{name}-{r}",
          "kv_events": f"tcp://127.0.0.1:{i + 1}"} for i, (name, r) in enumerate(STREAMS)] + [
         {"url": f"http://127.0.0.1:{i + 9}/metrics", "name": f"t{i}"} for i in range(2)]}))
-    exp = Exporter(build_config(config_file=str(cfg), environ={}, windows=["1m"]))
+    exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), windows=["1m"]), environ={}))
     now = time.time()
     final = [*(page_of(*stream) for stream in STREAMS), *pages()]
     first = [*map(zeroed, final[:len(STREAMS)]), *final[len(STREAMS):]]
     for mon, page in zip(exp.monitors, first, strict=True):
         mon.ingest(page, now - 10)
-        exp.kv_ledgers.after_poll(mon.name, None, now - 10)
+        exp.kv_ledgers.after_poll(mon.view, None, now - 10)
     exp.tick()
     for name, r in STREAMS:
         for msg in recording(name):
@@ -94,8 +94,8 @@ def kv_exporter(tmp_path) -> Exporter:
     for mon, page in zip(exp.monitors, final, strict=True):
         before = exp.kv_ledgers.before_poll(mon.name)  # as Exporter._poll samples its ledger
         mon.ingest(page, now)
-        exp.kv_ledgers.after_poll(mon.name, before, now)
-        assert mon.up, mon.last_error
+        exp.kv_ledgers.after_poll(mon.view, before, now)
+        assert mon.view.up, mon.view.last_error
     exp.tick()
     return exp
 
@@ -130,7 +130,7 @@ def test_every_row_is_written_by_the_collector_and_otlp(kv_exporter: Exporter) -
 
 def test_otlp_sends_the_collectors_numbers(monitors: list[TargetMonitor]) -> None:
     """Every sample of a target on /metrics is in that target's OTLP resource, same value."""
-    collector = PrefixwatchCollector(monitors, {"1m": 60.0})
+    collector = PrefixwatchCollector(lambda: [m.view for m in monitors], {"1m": 60.0})
     families_out = list(collector.collect())
     data = OtlpBridge(collector, "http://127.0.0.1:9").metrics_data()
     compared = 0

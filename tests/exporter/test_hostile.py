@@ -26,7 +26,13 @@ import requests
 
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.vocab import exposition
-from prefixwatch.exporter.config import ExporterConfig, TargetConfig, build_config, name_targets
+from prefixwatch.exporter.config import (
+    ConfigFlags,
+    ExporterConfig,
+    TargetConfig,
+    build_config,
+    name_targets,
+)
 from prefixwatch.exporter.monitor import TargetMonitor
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer, with_counters
@@ -201,7 +207,7 @@ def test_hostile_fleet_keeps_the_healthy_target_on_schedule(
     assert polls >= 0.9 * expected, f"healthy target polled {polls} times, expected {expected:.0f}"
     assert health.status_code == 200
 
-    by_name = {m.name: m for m in exporter.monitors}
+    by_name = {v.name: v for v in exporter.views()}
     for name in ("slow_headers", "slow_body", "slow_redirects", "silent"):
         mon = by_name[name]
         # "timeout" alone shows the one deadline for the whole exchange: each byte, header
@@ -230,7 +236,7 @@ def test_hostile_fleet_keeps_the_healthy_target_on_schedule(
     assert "limit reached" in landing and "too_many_series" in landing
 
     outputs = [metrics.text, landing, caplog.text]
-    outputs += [f"{m.name} {m.last_error} {m.target.display_url}" for m in exporter.monitors]
+    outputs += [f"{v.name} {v.last_error} {v.target.display_url}" for v in exporter.views()]
     for text in outputs:
         assert SECRET not in text and TOKEN not in text
     assert "***@" in landing
@@ -243,9 +249,8 @@ def test_healthz_fails_when_polling_is_stale(vllm_page: str) -> None:
         exporter = Exporter(cfg)
         exporter.poll_round()
         assert exporter.healthy()[0]
-        exporter._started -= 10  # as if started long ago, and nothing polled since
-        exporter.monitors[0].last_polled = time.monotonic() - 10
-        ok, why = exporter.healthy()
+        # Ten seconds on, nothing polled since (and the start long past).
+        ok, why = exporter.healthy(time.monotonic() + 10)
         assert not ok and "no target polled" in why
 
 
@@ -266,10 +271,10 @@ def test_a_later_good_page_recovers_the_windows(vllm_page: str) -> None:
     mon.ingest(with_counters(vllm_page, 100, 50), now)
     for step in (1, 2):
         mon.ingest(with_counters(vllm_page, float("inf"), 50), now + step)
-        assert mon.reason == "invalid_value"
+        assert mon.view.reason == "invalid_value"
     mon.ingest(with_counters(vllm_page, 200, 120), now + 3)
-    assert mon.up
-    ratios = [f.windows["1m"].hit_ratio for f in mon.models.values() if "1m" in f.windows]
+    assert mon.view.up
+    ratios = [f.windows["1m"].hit_ratio for f in mon.view.models.values() if "1m" in f.windows]
     assert ratios and abs(ratios[0] - 0.7) < 1e-9
 
 
@@ -289,7 +294,7 @@ def test_a_password_never_shows_in_config_errors() -> None:
     for url in (f"ftp://admin:{SECRET}@host/metrics", f"http://admin:{SECRET}@host:99999/m",
                 f"http://admin:{SECRET}@[::1/metrics"):
         with pytest.raises(ConfigError) as info:
-            build_config(targets=[url], environ={})
+            build_config(ConfigFlags(targets=[url]), environ={})
         assert SECRET not in str(info.value) and "***@" in str(info.value)
 
 
@@ -393,7 +398,7 @@ def test_a_poll_cut_off_by_stop_is_no_timeout_of_the_target() -> None:
         if re.fullmatch(r"poll-\d+", thread.name):
             thread.join(timeout=5)
             assert not thread.is_alive(), "a poll worker outlived stop"
-    mon = exporter.monitors[0]
+    mon = exporter.monitors[0].view
     assert mon.errors["timeout"] == 0 and mon.reason is None and not mon.polled
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 import zmq
 
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer
 from tests.exporter.kvstreams import (
@@ -68,13 +68,13 @@ class Bench:
         cfg.write_text(yaml.safe_dump({"targets": [
             {"url": p.url, "name": f"replica-{i}", "kv_events": pub.endpoint}
             for i, (p, pub) in enumerate(zip(self.pages, self.pubs, strict=True))]}))
-        self.exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                         listen_address="127.0.0.1:0"))
+        self.exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                                     listen_address="127.0.0.1:0"), environ={}))
         self.exp.start()
         for i in range(replicas):
             wait_for(lambda i=i: value(self.exp.registry, "prefixwatch_kv_events_up",
                                        target=f"replica-{i}") == 1.0, what="subscribed")
-        wait_for(lambda: all(m.up for m in self.exp.monitors), what="polled")
+        wait_for(lambda: all(v.up for v in self.exp.views()), what="polled")
         self.exp.poll_round()  # polled and sampled: the ledger's baseline
 
     def replay(self) -> None:
@@ -89,9 +89,9 @@ class Bench:
             wait_for(lambda s=source, n=n: s.messages == n, what="the message ingested")
         for i, page in enumerate(self.pages):
             page.serve(page_of(self.name, i))
-        polled = [m.last_polled for m in self.exp.monitors]
-        wait_for(lambda: all(m.last_polled != p and m.up
-                             for m, p in zip(self.exp.monitors, polled, strict=True)),
+        polled = [v.last_polled for v in self.exp.views()]
+        wait_for(lambda: all(v.last_polled != p and v.up
+                             for v, p in zip(self.exp.views(), polled, strict=True)),
                  what="the final pages polled")
         self.exp.poll_round()  # the final pages beside the stream, sampled
 
@@ -284,8 +284,8 @@ def test_listen_mode_routes_engines_that_connect_out_by_topic(tmp_path) -> None:
     cfg.write_text(yaml.safe_dump({
         "kv_events_listen": "tcp://127.0.0.1:*",
         "targets": [{"url": p.url, "name": f"replica-{i}"} for i, p in enumerate(pages)]}))
-    exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                listen_address="127.0.0.1:0"))
+    exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                            listen_address="127.0.0.1:0"), environ={}))
     exp.start()
     pubs = []
     try:
@@ -418,8 +418,8 @@ def test_divergence_positions_and_kinds_from_the_targets_detokenize(tmp_path) ->
     cfg = tmp_path / "exporter.yaml"
     cfg.write_text(yaml.safe_dump({"targets": [{"url": server.url, "name": "replica-0",
                                                 "kv_events": pub.endpoint}]}))
-    exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                listen_address="127.0.0.1:0"))
+    exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                            listen_address="127.0.0.1:0"), environ={}))
     exp.start()
     try:
         pub.wait_subscribed()

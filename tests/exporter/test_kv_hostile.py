@@ -18,7 +18,7 @@ import yaml
 import zmq
 
 from prefixwatch.core.kv.codec import BatchDecoder
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.service import Exporter
 from tests.conftest import PageServer
 from tests.exporter.kvstreams import Publisher, page_of, value, wait_for
@@ -59,8 +59,8 @@ class Pair:
         cfg.write_text(yaml.safe_dump({"targets": [
             bad, {"url": self.pages[1].url, "name": "good",
                   "kv_events": self.good_pub.endpoint}]}))
-        self.exp = Exporter(build_config(config_file=str(cfg), environ={}, interval=0.2,
-                                         listen_address="127.0.0.1:0"))
+        self.exp = Exporter(build_config(ConfigFlags(config_file=str(cfg), interval=0.2,
+                                                     listen_address="127.0.0.1:0"), environ={}))
         self.exp.start()
         wait_for(lambda: self.v("prefixwatch_kv_events_up", target="good") == 1.0,
                  what="good subscribed")
@@ -81,8 +81,9 @@ class Pair:
         self.good_pub.send(msg(before, batch(stored([10**6 + before]))))
         wait_for(lambda: src.messages == before + 1, what="the good target's message")
         mon = next(m for m in self.exp.monitors if m.name == "good")
-        polled = mon.last_polled
-        wait_for(lambda: mon.last_polled != polled and mon.up, what="the good target polled")
+        polled = mon.view.last_polled
+        wait_for(lambda: mon.view.last_polled != polled and mon.view.up,
+                 what="the good target polled")
 
     def close(self) -> None:
         self.exp.stop()
@@ -103,9 +104,10 @@ def pair(tmp_path):
 
 def _sent(pair: Pair, frames: list[bytes]) -> None:
     src = pair.exp.kv.sources["bad"]
-    before = sum(src.read()[2].values()) + src.messages
+    before = sum(src.view().errors.values()) + src.view().messages
     pair.bad_pub.send(frames)
-    wait_for(lambda: sum(src.read()[2].values()) + src.messages > before, what="handled")
+    wait_for(lambda: sum(src.view().errors.values()) + src.view().messages > before,
+             what="handled")
 
 
 def test_malformed_payload_unknown_type_and_wrong_frames_are_counted(pair) -> None:
@@ -275,7 +277,7 @@ def test_a_flooding_publisher_is_bounded_and_the_other_target_goes_on(pair) -> N
     finally:
         stop.set()
         thread.join(5)
-    _, _, _, snap = src.read()
+    snap = src.view().snapshot
     assert snap is not None and sum(snap.resident.values()) <= 5_000
     lost = pair.v("prefixwatch_kv_events_lost_total", target="bad")
     stored_ = pair.v("prefixwatch_kv_blocks_total", target="bad", medium="GPU", op="stored")
@@ -399,10 +401,10 @@ def test_a_restart_drops_the_batches_held_before_the_model_was_known() -> None:
         source.ingest(msg(seq, batch(stored([seq]))))
     assert source.mirror is None  # held: the model is not known yet
     source.ingest(msg(0, batch(stored([50]))))  # the restarted engine
-    assert source.read()[2]["sequence_restart"] == 1
+    assert source.view().errors["sequence_restart"] == 1
     model[0] = "m"
     source.ingest(msg(1, batch(stored([51], parent=50))))
-    assert source.read()[3].resident == {"GPU": 2}
+    assert source.view().snapshot.resident == {"GPU": 2}
 
 
 def test_held_batches_reach_the_mirror_when_the_model_is_known_with_no_next_message(
@@ -421,8 +423,8 @@ def test_held_batches_reach_the_mirror_when_the_model_is_known_with_no_next_mess
     assert source.mirror is None  # still held: the model is not known yet
     model[0] = "m"
     source.idle()
-    assert source.read()[3].resident == {"GPU": 3}
-    assert source.read()[3].model == "m"
+    assert source.view().snapshot.resident == {"GPU": 3}
+    assert source.view().snapshot.model == "m"
     # ...and with no model ever known, they go in under no model once their time is up
     late = KvSource("nameless", FleetRegistry())
     late.ingest(msg(0, batch(stored([7]))))
@@ -430,4 +432,4 @@ def test_held_batches_reach_the_mirror_when_the_model_is_known_with_no_next_mess
     assert late.mirror is None
     monkeypatch.setattr(source_module, "HOLD_SECONDS", 0.0)
     late.idle()
-    assert late.read()[3].resident == {"GPU": 1}
+    assert late.view().snapshot.resident == {"GPU": 1}

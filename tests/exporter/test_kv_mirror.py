@@ -7,7 +7,7 @@ import pytest
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.kv.codec import AllBlocksCleared, Batch, BlockRemoved, BlockStored
 from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 
 BS = 16
 
@@ -108,22 +108,23 @@ def test_the_caps_are_counted() -> None:
 
 
 def test_the_config_keys_and_their_errors(tmp_path) -> None:
-    cfg = build_config(targets=["http://h:8000/metrics"], kv_events="tcp://h:5557", environ={})
+    cfg = build_config(ConfigFlags(targets=["http://h:8000/metrics"],
+                                   kv_events="tcp://h:5557"), environ={})
     assert cfg.targets[0].kv_events == "tcp://h:5557"
     for bad in ("h:5557", "tcp://h", "tcp://h:70000", "http://h:5557"):
         with pytest.raises(ConfigError, match="KV events endpoint"):
-            build_config(targets=["http://h:8000/metrics"], kv_events=bad, environ={})
+            build_config(ConfigFlags(targets=["http://h:8000/metrics"], kv_events=bad), environ={})
     with pytest.raises(ConfigError, match="one target"):
-        build_config(targets=["http://a:1/metrics", "http://b:1/metrics"],
-                     kv_events="tcp://h:5557", environ={})
+        build_config(ConfigFlags(targets=["http://a:1/metrics", "http://b:1/metrics"],
+                                 kv_events="tcp://h:5557"), environ={})
     path = tmp_path / "c.yml"
     path.write_text("kv_events_listen: tcp://0.0.0.0:*\nkv_events_topics: {t: nobody}\n"
                     "targets: [{url: 'http://a:1/metrics', name: a}]\n")
     with pytest.raises(ConfigError, match="names no target"):
-        build_config(config_file=str(path), environ={})
+        build_config(ConfigFlags(config_file=str(path)), environ={})
     path.write_text("targets: [{url: 'http://a:1/metrics', kv_events: 'tcp://a:5557', "
                     "kv_events_replay: 'tcp://a:5558', kv_events_topic: kv-events}]\n")
-    target = build_config(config_file=str(path), environ={}).targets[0]
+    target = build_config(ConfigFlags(config_file=str(path)), environ={}).targets[0]
     assert (target.kv_events_replay, target.kv_events_topic) == ("tcp://a:5558", "kv-events")
 
 

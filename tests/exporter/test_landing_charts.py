@@ -44,8 +44,9 @@ def test_binned_history_follows_the_counters(vllm_page: str) -> None:
     exporter = _exporter("http://127.0.0.1:9/metrics")
     start = _regression(exporter, vllm_page)
     mon = exporter.monitors[0]
-    histories = [s.history for s in mon.series.values()]
-    binned = bin_history(histories, mon.last_success, width=(mon.last_success - start) / BINS)
+    view = mon.view
+    histories = [s.history for s in view.series.values()]
+    binned = bin_history(histories, view.last_success, width=(view.last_success - start) / BINS)
     ratios = [r for r in binned.ratios() if r is not None]
     assert len(ratios) >= BINS - 2
     assert abs(ratios[2] - 0.89) < 0.01 and abs(ratios[-1] - 0.03) < 0.01
@@ -59,7 +60,7 @@ def test_every_label_value_is_escaped(vllm_page: str) -> None:
     page = vllm_page.replace(MODEL, hostile.replace('"', "'"))
     exporter = _exporter("http://127.0.0.1:9/metrics?<b>x</b>")
     _regression(exporter, page, polls=20)
-    html = render_landing(exporter)
+    html = render_landing(exporter.landing_inputs())
     assert "<img" not in html and "<b>x" not in html
     assert "&lt;img src=x onerror=" in html
     assert html.count('<svg class="chart big"') == 1  # the fleet's headline chart, with axes
@@ -117,8 +118,8 @@ def _page(page: str, queries: float, hits: float, ttft: float, slow: float,
 def _same_render(exporter: Exporter, now: float) -> str:
     """The cards drawn from the cache equal those drawn from scratch, and so do the fleet
     charts the headline draws with axes."""
-    fleet, cached = charts(exporter, now)
-    fresh_fleet, fresh = charts(exporter, now, cached=False)
+    fleet, cached = charts(exporter.landing_inputs(), now)
+    fresh_fleet, fresh = charts(exporter.landing_inputs(), now, cached=False)
     assert cached == fresh
     assert ({m: c.svg_with_axes(0.5, m) for m, c in fleet.items()}
             == {m: c.svg_with_axes(0.5, m) for m, c in fresh_fleet.items()})
@@ -135,7 +136,7 @@ def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
         page = with_counters(vllm_page, queries, 0.1 * queries)
         page = re.sub(r'(source="host"\}) \S+', rf"\g<1> {0.8 * queries}", page)
         exporter.monitors[0].ingest(page, start + i * 10)
-    html = charts_section(exporter, start + 600)
+    html = charts_section(exporter.landing_inputs(), start + 600)
     assert "effective hit ratio" in html
     assert html.count('<span class="ok">90.0%</span>') == 1, html  # the target's card
     fleet = charts(exporter, start + 600)[0][MODEL]
@@ -153,7 +154,7 @@ def test_landing_page_fits_1280_pixels(vllm_page: str, tmp_path: Path) -> None:
         exporter = _exporter(page_server.url, "http://127.0.0.1:9/" + "metrics" * 40)
         _regression(exporter, vllm_page)
         exporter.monitors[1].poll()  # refused: up=0 with its error
-        html = render_landing(exporter).replace("</body>", (
+        html = render_landing(exporter.landing_inputs()).replace("</body>", (
             "<script>document.body.setAttribute('data-width', "
             "document.documentElement.scrollWidth)</script></body>"))
         path = tmp_path / "landing.html"

@@ -121,7 +121,7 @@ def test_otlp_failure_does_not_stop_polling(page_server: PageServer, vllm_page: 
         page_server.serve(vllm_page)
         exporter.poll_round()
         exporter.poll_round()
-        assert exporter.monitors[0].up and exporter.rounds == 2
+        assert exporter.monitors[0].view.up and exporter.rounds == 2
         bridge.shutdown()
 
 
@@ -131,12 +131,12 @@ def test_otlp_sends_the_series_of_no_configured_target(tmp_path) -> None:
     last), as /metrics shows them."""
     import yaml
 
-    from prefixwatch.exporter.config import build_config
+    from prefixwatch.exporter.config import ConfigFlags, build_config
 
     cfg = tmp_path / "exporter.yaml"
     cfg.write_text(yaml.safe_dump({"targets": ["http://127.0.0.1:1/metrics"],
                                    "kv_events_listen": "tcp://127.0.0.1:*"}))
-    exporter = Exporter(build_config(config_file=str(cfg), environ={}))
+    exporter = Exporter(build_config(ConfigFlags(config_file=str(cfg)), environ={}))
     data = OtlpBridge(exporter.collector, "http://127.0.0.1:9").metrics_data()
     by_target = {rm.resource.attributes.get("prefixwatch.target"):
                  {m.name for sm in rm.scope_metrics for m in sm.metrics}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from prefixwatch.exporter.config import build_config
+from prefixwatch.exporter.config import ConfigFlags, build_config
 from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, collect_status, ledger_status
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.server import Replica, ReplicaServer
@@ -19,8 +19,8 @@ def test_status_ledger_table_and_the_note_without_a_log(tmp_path) -> None:
         log = tmp_path / "requests.jsonl"
         log.write_text("".join(json.dumps({"prompt_token_ids": prompt, "max_tokens": 4}) + "\n"
                                for _ in range(2)))
-        config = build_config(targets=[url], environ={},
-                              requests_log={"path": str(log), "tokenizer": "none"})
+        config = build_config(ConfigFlags(
+            targets=[url], requests_log={"path": str(log), "tokenizer": "none"}), environ={})
         rows = collect_status(config, 0.2)
         assert rows[0].pool_blocks == 64
         table = {line.split()[0]: line.split()[1] for line in ledger_status(config, rows)[3:]}
@@ -28,7 +28,7 @@ def test_status_ledger_table_and_the_note_without_a_log(tmp_path) -> None:
         assert {k: table[k] for k in ("prompt", "novel", "routing", "eviction",
                                       "pool_reach")} == {
             "prompt": "80", "novel": "48", "routing": "0", "eviction": "0", "pool_reach": "32"}
-        bare = build_config(targets=[url], environ={})
+        bare = build_config(ConfigFlags(targets=[url]), environ={})
         assert ledger_status(bare, collect_status(bare, 0.2)) == ["", LEDGER_NEEDS_LOG]
     finally:
         server.stop()
@@ -42,21 +42,23 @@ def test_landing_page_says_the_ledger_needs_a_log_and_shows_it_with_one(tmp_path
     server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/metrics"
-        bare = Exporter(build_config(targets=[url], environ={}, listen_address="127.0.0.1:0"))
+        bare = Exporter(build_config(ConfigFlags(targets=[url],
+                                                 listen_address="127.0.0.1:0"), environ={}))
         bare.poll_round()
-        assert "needs a KV event stream" in render_landing(bare)
+        assert "needs a KV event stream" in render_landing(bare.landing_inputs())
         page = bare.registry.collect()
         assert not any(f.name.startswith("prefixwatch_ledger") for f in page)
         bare.stop()
         log = tmp_path / "requests.jsonl"
         log.write_text("")
-        exp = Exporter(build_config(targets=[url], environ={}, listen_address="127.0.0.1:0",
-                                    requests_log={"path": str(log), "tokenizer": "none"}))
+        exp = Exporter(build_config(ConfigFlags(
+            targets=[url], listen_address="127.0.0.1:0",
+            requests_log={"path": str(log), "tokenizer": "none"}), environ={}))
         exp.poll_round()
         assert exp.view is not None
         exp.view.add(list(range(1, 41)))
         exp.view.add(list(range(1, 41)))
-        html_page = render_landing(exp)
+        html_page = render_landing(exp.landing_inputs())
         exp.stop()
         assert "Where the prompt tokens went" in html_page
         # One poll: no engine counters over the window yet, so no achieved, no unexplained.
@@ -83,7 +85,7 @@ def test_a_failing_event_ledger_never_stops_the_polling(page_server, vllm_page, 
     page_server.serve(vllm_page)
     exporter.poll_round()
     exporter.poll_round()
-    assert exporter.monitors[0].up and exporter.rounds == 2
+    assert exporter.monitors[0].view.up and exporter.rounds == 2
     assert caplog.text.count("kv event ledger failed") == 4
 
 

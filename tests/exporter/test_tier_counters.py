@@ -128,8 +128,7 @@ def test_sglang_hicache_page_tiers_equal_the_engines_cache_source_counters() -> 
     prompt = pick(found, "prefixwatch_prefix_cache_queries_total")[0]
     assert pick(found, "prefixwatch_effective_hit_ratio", window="lifetime") == [
         pytest.approx(sum(by_source.values()) / prompt)]
-    with mon.lock:
-        (ev,) = evidence_for(mon, time.time(), 60.0).values()
+    (ev,) = evidence_for(mon.view, time.time(), 60.0).values()
     assert ev.tier_configured and ev.tier_used == 131072.0  # rank 0 only
 
 

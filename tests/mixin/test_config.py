@@ -71,7 +71,7 @@ def test_every_alert_window_is_a_key() -> None:
                "eviction_for": "12m", "tier_for": "31m", "baseline_window": "3h",
                "baseline_offset": "2h", "critical_short_window": "3m",
                "critical_long_window": "7m", "critical_for": "90s", "cold_start": "9m",
-               "windows": ["1m", "5m", "1h"]}
+               "regression_window": "6m", "windows": ["1m", "5m", "1h"]}
     cfg = load_config(data=changed)
     text = artifacts.render_all(cfg)["alerts/prefixwatch.vllm.rules.yml"]
     rules = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
@@ -81,6 +81,10 @@ def test_every_alert_window_is_a_key() -> None:
     assert fors["PrefixCacheEvictionPressurewarning"] == "12m"
     assert fors["PrefixCacheTierIdlewarning"] == "31m"
     assert fors["PrefixCacheHitRateLowcritical"] == "1m30s"
+    exprs = {r["alert"] + r["labels"]["severity"]: r["expr"] for r in rules if "alert" in r}
+    assert "rate3m < 0.35" in exprs["PrefixCacheHitRateLowcritical"]
+    assert "rate7m < 0.7" in exprs["PrefixCacheHitRateLowcritical"]
+    assert exprs["PrefixCacheHitRateRegressionwarning"].split("\n")[0].endswith("rate6m")
     assert "rate3h_offset2h" in text and "[3h] offset 2h" in text
     for old in ("15m", "10m", "30m", "rate2h", "offset 1h", "rate2m"):
         assert old not in text, old
@@ -99,18 +103,18 @@ def test_render_all_reads_no_source_tree(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_the_exporter_reads_the_same_threshold_keys(tmp_path: Path) -> None:
-    from prefixwatch.exporter.config import build_config
+    from prefixwatch.exporter.config import ConfigFlags, build_config
 
     path = tmp_path / "exporter.yml"
     path.write_text("hit_ratio_threshold: 0.5\ncold_start: 3m\ndiagnosis: {min_requests: 5}\n")
-    cfg = build_config(config_file=str(path), environ={})
+    cfg = build_config(ConfigFlags(config_file=str(path)), environ={})
     assert cfg.thresholds.hit_ratio == 0.5 and cfg.cold_start == "3m"
     assert cfg.thresholds.min_requests == 5
     mixin = load_config(data={"hit_ratio_threshold": 0.5, "cold_start": "3m",
                               "diagnosis": {"min_requests": 5}})
     assert mixin.diagnosis.thresholds == cfg.thresholds
     path.write_text("hit_ratio_threshold: 0.5\ndiagnosis: {hit_ratio: 0.6}\n")
-    assert build_config(config_file=str(path), environ={}).thresholds.hit_ratio == 0.6
+    assert build_config(ConfigFlags(config_file=str(path)), environ={}).thresholds.hit_ratio == 0.6
     path.write_text("hit_ratio_threshold: 1.5\n")
     with pytest.raises(ConfigError, match="hit_ratio_threshold must be between 0 and 1"):
-        build_config(config_file=str(path), environ={})
+        build_config(ConfigFlags(config_file=str(path)), environ={})

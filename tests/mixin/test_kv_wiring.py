@@ -80,11 +80,11 @@ def test_compose_vllm_profile_publishes_kv_events_too() -> None:
 def test_compose_exporter_config_is_read_by_the_exporter() -> None:
     """The generated config uses the exporter's own keys: read by its loader, each simulated
     replica is a target with its KV event endpoint."""
-    from prefixwatch.exporter.config import build_config
+    from prefixwatch.exporter.config import ConfigFlags, build_config
 
     sim = COMPOSE["services"]["simulator"]["command"]
     port, http = int(flag(sim, "--kv-events-port")), int(flag(sim, "--port"))
-    cfg = build_config(config_file=str(ROOT / stack.COMPOSE_EXPORTER))
+    cfg = build_config(ConfigFlags(config_file=str(ROOT / stack.COMPOSE_EXPORTER)))
     assert [(t.url, t.kv_events) for t in cfg.targets] == [
         (f"http://simulator:{http + i}/metrics", f"tcp://simulator:{port + i}")
         for i in range(int(flag(sim, "--replicas")))]
@@ -93,7 +93,8 @@ def test_compose_exporter_config_is_read_by_the_exporter() -> None:
 def test_kubernetes_sidecar_args_are_the_exporters(tmp_path: Path) -> None:
     """The sidecar's args parse with `prefixwatch exporter`'s own parser and give one target
     subscribed to vLLM's stream (the mounted config is the generated ConfigMap's)."""
-    from prefixwatch.cli import _config_from, build_parser
+    from prefixwatch.cli import build_parser
+    from prefixwatch.exporter.cli import config_from
 
     docs = [d for f in stack.k8s_files().values() for d in yaml.safe_load_all(f) if d]
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
@@ -103,6 +104,6 @@ def test_kubernetes_sidecar_args_are_the_exporters(tmp_path: Path) -> None:
     mounted = tmp_path / "config.yml"
     mounted.write_text(config_map["data"]["config.yml"])
     args = [str(mounted) if a.endswith("/config.yml") else a for a in sidecar["args"]]
-    cfg = _config_from(build_parser().parse_args(args), with_exporter_flags=True)
+    cfg = config_from(build_parser().parse_args(args))
     assert [(t.url, t.kv_events) for t in cfg.targets] == [
         ("http://127.0.0.1:8000/metrics", flag(sidecar["args"], "--kv-events"))]

@@ -172,6 +172,9 @@ def test_alertmanager_config_and_routes(amtool: str, tmp_path: Path) -> None:
     ("selectors:\n  matchers: 'job=vllm'\n", "c.yml:2:3: matchers"),
     ("cluster_label: model_name\n", "cluster_label must be a label name"),
     ("warning_window: soon\n", "c.yml:1:1: warning_window: not a duration"),
+    ("critical_collapse_share: 1.2\n", "c.yml:1:1: critical_collapse_share must be between"),
+    ("evaluation_interval: 30s\n", "c.yml:1:1: critical_short_window must hold at least 4 "
+                                   "evaluation intervals (2m at evaluation_interval 30s)"),
     ("diagnosis: {evict_idle_seconds: -1}\n", "c.yml:1:1: diagnosis: min_requests >= 1"),
     ("diagnosis: {windw: 5m}\n", "c.yml:1:13: unknown key 'diagnosis.windw' (did you mean "
                                  "'window'?)"),

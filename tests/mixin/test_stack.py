@@ -4,12 +4,8 @@ and the Kubernetes manifests validated."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import jsonschema
@@ -19,8 +15,8 @@ import yaml
 
 from prefixwatch.mixin import alertmanager, stack
 from prefixwatch.mixin.config import MixinConfig
-from tests.conftest import free_port, npm_packages, require_binary
-from tests.e2e.test_alerting_e2e import Webhook
+from tests.conftest import npm_packages, require_binary
+from tests.e2e.demorun import demo_until_page
 
 ROOT = Path(__file__).parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -144,7 +140,7 @@ def test_kubernetes_builtin_kinds_validate() -> None:
 def test_the_sidecar_mounts_an_exporter_config_the_exporter_reads(tmp_path: Path) -> None:
     """The sidecar's --config holds the mixin's diagnosis settings, in keys the exporter's own
     config loader accepts: the diagnosis judges against the threshold the alerts page on."""
-    from prefixwatch.exporter.config import build_config
+    from prefixwatch.exporter.config import ConfigFlags, build_config
 
     docs = k8s_docs()
     config_map = next(d for d in docs if d["metadata"]["name"] == stack.EXPORTER_CONFIG_NAME)
@@ -157,7 +153,7 @@ def test_the_sidecar_mounts_an_exporter_config_the_exporter_reads(tmp_path: Path
     volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
     assert volume["configMap"]["name"] == stack.EXPORTER_CONFIG_NAME
     (tmp_path / "config.yml").write_text(config_map["data"]["config.yml"])
-    exporter = build_config(config_file=str(tmp_path / "config.yml"), environ={})
+    exporter = build_config(ConfigFlags(config_file=str(tmp_path / "config.yml")), environ={})
     expected = MixinConfig().diagnosis
     assert exporter.thresholds == expected.thresholds and exporter.cold_start == "10m"
     assert exporter.thresholds.hit_ratio == MixinConfig().hit_ratio_threshold
@@ -225,51 +221,12 @@ def test_prometheus_operator_resources(tmp_path: Path) -> None:
 def test_native_stack_pages_on_a_simulated_regression(tmp_path: Path) -> None:
     """`prefixwatch demo` with the real binaries: the regression reaches the webhook as a page,
     and SIGTERM stops every process (the newcomer walk covers Ctrl-C and its report)."""
-    require_binary("prometheus", "prometheus")
-    require_binary("prometheus-alertmanager", "prometheus-alertmanager")
-    hook = Webhook()
-    env = {**os.environ, alertmanager.ENV_PAGER: hook.url("/page"),
-           alertmanager.ENV_WATCHDOG: hook.url("/watchdog")}
-    env.pop("VLLM_TARGETS", None)
-    env.pop("PREFIXWATCH_TARGETS", None)
-    def demo() -> subprocess.Popen:
-        # The demo takes Prometheus's and Alertmanager's ports as given (their configs name
-        # each other), so they are ports found free; a port taken meanwhile is the demo's
-        # one-line "is in use" exit, and then it runs again on others.
-        return subprocess.Popen(
-            [sys.executable, "-m", "prefixwatch.cli", "demo", "--sim-port", "0",
-             "--listen-address", "127.0.0.1:0", "--prometheus-port", str(free_port()),
-             "--alertmanager-port", str(free_port()), "--time-scale", "0.05",
-             "--switch-at", "20s", "--rate", "20", "--data-dir", str(tmp_path / "data"),
-             "--duration", "150s"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-
-    proc = demo()
-    try:
-        deadline = time.monotonic() + 120
-        pages: list[dict] = []
-        retries = 2
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                _, err = proc.communicate()
-                if proc.returncode != 2 or "is in use" not in err or not retries:
-                    break
-                retries -= 1
-                proc = demo()
-            pages = [a for a in hook.alerts("/page") if a["status"] == "firing"]
-            if pages:
-                break
-            time.sleep(0.5)
-        assert pages, f"no page; demo exited {proc.poll()}"
-        assert pages[0]["labels"]["alertname"] == "PrefixCacheHitRateLow"
-        assert pages[0]["labels"]["severity"] == "critical"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        hook.close()
-    assert proc.returncode == 0, err[-2000:]
+    run = demo_until_page(tmp_path)
+    pages, out, err = run.pages, run.out, run.err
+    assert pages, f"no page; demo exited {run.returncode}"
+    assert pages[0]["labels"]["alertname"] == "PrefixCacheHitRateLow"
+    assert pages[0]["labels"]["severity"] == "critical"
+    assert run.returncode == 0, err[-2000:]
     assert "Prometheus:" in out and "Alertmanager:" in out and "Grafana: not started" in out
     assert "demo stopped" in err
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

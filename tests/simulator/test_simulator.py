@@ -63,8 +63,11 @@ def test_metrics_page_lines_match_vllm_order_and_format(vllm_page: str) -> None:
 def test_sglang_page_is_read_as_sglang() -> None:
     replica = Replica(EngineConfig(), server="sglang")
     prompt = replica.tokenizer.encode("x " * 100)
-    replica.submit(prompt, 2, None)
-    replica.engine.step()
+    req = replica.submit(prompt, 2, None)
+    deadline = time.monotonic() + 5
+    while not req.done.is_set() and time.monotonic() < deadline:
+        replica.engine.step()  # SGLang counts a request's tokens when it finishes
+        time.sleep(0.002)
     snap = read_page(replica.metrics.render().decode())
     assert snap.schema.server == "sglang"
     assert snap.series[(EngineConfig().model, "0")].counters["queries"] == len(prompt)

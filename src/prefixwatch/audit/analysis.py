@@ -12,6 +12,11 @@ all earlier ones at once, never pairwise, with C-level slice comparisons and no 
   (same extra keys), exact to the token, where both have a token and they differ; the example
   shows the most recent earlier request that differs there.
 - with a KV pool of N blocks, the same log replayed through the simulator's LRU block pool.
+
+SGLang's rule (``engine="sglang"``) is the same formula at its granularity: a page of
+``page_size`` tokens (1 by default: token by token) where vLLM has a block, still within the
+first n - 1 tokens (``core/cache/radixcache.py``); its pool replay is SGLang's radix cache, LRU over
+unreferenced leaves.
 """
 
 from __future__ import annotations
@@ -46,6 +51,31 @@ class LruReplay:
         return admitted.cached_tokens
 
 
+class RadixReplay:
+    """The same log through SGLang's radix cache of ``num_pages`` pages (its eviction)."""
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        from prefixwatch.core.cache.radixcache import RadixCache, max_prefix_tokens
+
+        self.cache = RadixCache(num_pages * page_size, page_size)
+        self._cap = max_prefix_tokens
+
+    def add(self, tokens: Sequence[int], extra_keys: Hashable = None) -> int:
+        cache = self.cache
+        matched, node = cache.match(tokens[:self._cap(len(tokens))], extra_keys)
+        cache.lock(node)
+        ps = cache.page_size
+        held = -(-(len(tokens) - matched) // ps) * ps
+        if not cache.allocate(held):
+            cache.unlock(node)
+            return 0  # the prompt does not fit in the pool at all
+        present, _ = cache.insert(tokens, extra_keys)
+        # The tree keeps what it did not hold; the copies and the partial page are freed.
+        cache.release(held - (len(tokens) // ps * ps - present))
+        cache.unlock(node)
+        return matched
+
+
 @dataclass
 class Report:
     block_size: int
@@ -54,6 +84,8 @@ class Report:
     cacheable_tokens: int = 0
     simulated_cached_tokens: int = 0
     kv_blocks: int | None = None
+    #: Whose rule: "vllm" (blocks of block_size) or "sglang" (pages of block_size tokens).
+    engine: str = "vllm"
     bad_lines: list[tuple[str, str]] = field(default_factory=list)
     positions: Counter = field(default_factory=Counter)
     examples: dict[int, Divergence] = field(default_factory=dict)
@@ -104,13 +136,16 @@ class Auditor:
 
     FREEZE_EVERY = 64
 
-    def __init__(self, block_size: int = 16, kv_blocks: int | None = None) -> None:
+    def __init__(self, block_size: int = 16, kv_blocks: int | None = None,
+                 engine: str = "vllm") -> None:
         if block_size < 1:
             raise ValueError("block size must be at least 1")
         self.index = PrefixIndex(block_size, packed=True)
-        self.replay = LruReplay(kv_blocks, block_size) if kv_blocks else None
-        self.report = Report(block_size, kv_blocks=kv_blocks)
-        #: The hit-rate ledger over the same index (core/cache/requestledger.py); the pool part with
+        replay = RadixReplay if engine == "sglang" else LruReplay
+        self.replay = replay(kv_blocks, block_size) if kv_blocks else None
+        self.report = Report(block_size, kv_blocks=kv_blocks, engine=engine)
+        #: The hit-rate ledger over the same index (core/cache/requestledger.py); the pool
+        #: part with
         #: ``kv_blocks``, the routing part when requests name their replica.
         self.ledger = Ledger(block_size, (lambda _replica: kv_blocks) if kv_blocks else None)
 

@@ -40,7 +40,8 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "audit", help="find where prompts stop sharing a prefix in a request log",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Replay a JSONL request log (OpenAI chat, completion or pre-tokenized "
-                    "lines, oldest first) through vLLM's prefix-caching rule: the hit rate an "
+                    "lines, oldest first) through vLLM's prefix-caching rule (or SGLang's, "
+                    "--engine sglang): the hit rate an "
                     "unlimited cache could reach, where requests stop matching, what varies "
                     "there and how to fix it.\n\n"
                     "  prefixwatch audit requests.jsonl --server http://localhost:8000\n"
@@ -54,10 +55,17 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--tokenizer", metavar="DIR",
                      help="a local Hugging Face tokenizer directory (offline), or 'builtin' "
                           "for the simulator's tokenizer")
+    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
+                   help="whose caching rule to replay: vllm (whole blocks) or sglang (its "
+                        "radix cache: pages of --page-size tokens) (default vllm)")
     p.add_argument("--block-size", type=int, metavar="N",
                    help="tokens per KV block (default: the server's, else 16)")
+    p.add_argument("--page-size", type=int, metavar="N",
+                   help="with --engine sglang: SGLang's --page-size (default 1: token by "
+                        "token)")
     p.add_argument("--kv-blocks", type=int, metavar="N",
-                   help="also replay through an LRU pool of N blocks (eviction)")
+                   help="also replay through an LRU pool of N blocks (eviction; with "
+                        "--engine sglang, N pages)")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="a readable report (default) or JSON for CI")
     p.add_argument("--top", type=int, default=10, metavar="N", help="divergence positions to show")
@@ -101,6 +109,16 @@ def _require_pretokenized(batch: list[LogRequest]) -> None:
 
 
 def _block_size(args: argparse.Namespace, tok: Tokenizer) -> int:
+    if getattr(args, "engine", "vllm") == "sglang":
+        if args.block_size is not None:
+            raise ConfigError("--engine sglang matches by pages: give --page-size, not "
+                              "--block-size")
+        page = 1 if args.page_size is None else args.page_size
+        if page < 1:
+            raise ConfigError("--page-size must be at least 1")
+        return page
+    if getattr(args, "page_size", None) is not None:
+        raise ConfigError("--page-size is SGLang's: give it with --engine sglang")
     if args.block_size is not None:
         if args.block_size < 1:
             raise ConfigError("--block-size must be at least 1")
@@ -134,7 +152,7 @@ def _run_log(args: argparse.Namespace) -> int:
                 raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
     tok = _tokenizer(args)
     text_capable = not isinstance(tok, NoTokenizer)
-    auditor = Auditor(_block_size(args, tok), args.kv_blocks)
+    auditor = Auditor(_block_size(args, tok), args.kv_blocks, args.engine)
     report = auditor.report
     bar = _progress(args.no_progress)
     for batch in _batches(read_jsonl(args.logs), BATCH):
@@ -249,9 +267,11 @@ def _as_json(report: Report, top: list[dict]) -> dict[str, Any]:
         "requests": report.requests, "prompt_tokens": report.prompt_tokens,
         "cacheable_tokens": report.cacheable_tokens,
         "achievable_hit_rate": report.achievable_hit_rate,
-        "block_size": report.block_size, "divergence": top,
+        "block_size": report.block_size, "engine": report.engine, "divergence": top,
         "skipped_lines": len(report.bad_lines),
     }
+    if report.engine == "sglang":
+        out["page_size"] = report.block_size
     if report.kv_blocks is not None:
         out["kv_blocks"] = report.kv_blocks
         out["simulated_hit_rate"] = report.simulated_hit_rate
@@ -263,16 +283,18 @@ def _pct(value: float | None) -> str:
 
 
 def _as_text(report: Report, top: list[dict]) -> str:
+    unit = ("block size", "blocks") if report.engine == "vllm" else (
+        "SGLang's rule, page size", "pages")
     lines = [
         f"requests            {report.requests}",
         f"prompt tokens       {report.prompt_tokens}",
-        f"cacheable tokens    {report.cacheable_tokens}   (unlimited cache, block size "
+        f"cacheable tokens    {report.cacheable_tokens}   (unlimited cache, {unit[0]} "
         f"{report.block_size})",
         f"achievable hit rate {_pct(report.achievable_hit_rate)}",
     ]
     if report.kv_blocks is not None:
         lines.append(f"simulated hit rate  {_pct(report.simulated_hit_rate)}   "
-                     f"(LRU pool of {report.kv_blocks} blocks)")
+                     f"(LRU pool of {report.kv_blocks} {unit[1]})")
     if report.bad_lines:
         lines.append(f"skipped lines       {len(report.bad_lines)} (first: "
                      f"{report.bad_lines[0][0]}: {report.bad_lines[0][1]})")
@@ -345,7 +367,8 @@ def _run_diff(args: argparse.Namespace) -> int:
                   f"{tok.decode(a[pos:pos + 12])!r}⟧")  # type: ignore[index]
             print(f"  B: {tok.decode(b[max(0, pos - 12):pos])!r} ⟦"  # type: ignore[index]
                   f"{tok.decode(b[pos:pos + 12])!r}⟧")  # type: ignore[index]
-    print(f"reusable blocks: {result['reusable_blocks']} of {result['blocks']}")
+    unit = "pages" if args.engine == "sglang" else "blocks"
+    print(f"reusable {unit}: {result['reusable_blocks']} of {result['blocks']}")
     return 0
 
 

@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from prefixwatch.core.vocab.settings import HIT_RATIO_DEVICE
+
 #: Kinds that name no culprit: where each request's own content starts is no problem to fix,
 #: and an undecoded divergence says nothing about what varies.
 NOT_CULPRITS = ("own content", "unknown", "token ids")
@@ -23,6 +25,12 @@ NOT_CULPRITS = ("own content", "unknown", "token ids")
 EVERY_REQUEST = 0.5
 #: The label of the culprit series whose value is the sentence itself.
 CULPRIT_WORDS_LABEL = "culprit"
+
+
+def ratio_name(mode: str) -> str:
+    """How every surface names the ratio that pages: 'effective hit ratio' (every cache tier)
+    or 'device hit ratio' (the ``hit_ratio`` setting)."""
+    return "device hit ratio" if mode == HIT_RATIO_DEVICE else "effective hit ratio"
 
 
 def percent(value: float | None) -> str:

@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
+from prefixwatch.core.httpreply import ReplyHandler
 from prefixwatch.core.vocab import rulenames
 from prefixwatch.mixin import alertmanager
 
@@ -77,16 +78,12 @@ class NotificationPrinter:
         self._lock = threading.Lock()
         printer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ReplyHandler):
             def log_message(self, *args: object) -> None:
                 pass
 
             def _answer(self, status: int, body: bytes = b"") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self._send(status, body, "text/plain; charset=utf-8")
 
             def do_GET(self) -> None:  # noqa: N802
                 text = "\n".join(printer.recent) or "no page or resolution yet"

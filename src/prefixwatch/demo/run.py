@@ -43,7 +43,7 @@ from prefixwatch.demo.backends import (
 )
 from prefixwatch.demo.pager import NotificationPrinter
 from prefixwatch.demo.shutdown import Shutdown, Skipped, skippable
-from prefixwatch.exporter.config import build_config, split_host_port
+from prefixwatch.exporter.config import ConfigFlags, build_config, split_host_port
 from prefixwatch.exporter.service import Exporter
 from prefixwatch.mixin import alertmanager, dashboards
 from prefixwatch.mixin import config as mixin_config
@@ -75,6 +75,11 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: $VLLM_TARGETS or $PREFIXWATCH_TARGETS if set)")
     p.add_argument("--replicas", type=cliargs.count, default=2, metavar="N",
                    help="simulated replicas (default 2)")
+    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
+                   help="what the simulated replicas stand in for: vLLM or SGLang (its radix "
+                        "cache, /metrics and KV events) (default vllm)")
+    p.add_argument("--page-size", type=cliargs.count, default=1, metavar="N",
+                   help="with --engine sglang: SGLang's --page-size (default 1)")
     p.add_argument("--scenario", default="static-system-prompt", metavar="NAME",
                    help="workload before the switch (default static-system-prompt)")
     p.add_argument("--switch-to", default="timestamp-at-top", metavar="NAME",
@@ -193,16 +198,17 @@ def run_demo(args: argparse.Namespace) -> int:
             sim = build_simulation(simulation_args(
                 replicas=args.replicas, scenario=args.scenario, switch_to=args.switch_to,
                 switch_at=switch_at, rate=args.rate, port=args.sim_port, request_log=log_path,
-                request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0))
+                request_log_max_mb=REQUEST_LOG_MAX_MB, kv_events_port=0,
+                engine=args.engine, page_size=args.page_size))
             parts.add("the simulator", sim.stop, after="the exporter")
             targets = sim.urls
             requests_log = {"path": log_path, "follow": True}
-        config = build_config(
+        config = build_config(ConfigFlags(
             targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
             interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
             windows=story_windows(scale),
             diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
-            cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log)
+            cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log))
         exporter = Exporter(config)
         if sim is not None:
             sim.start()
@@ -320,7 +326,8 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
     scale = args.time_scale
     lines = ["", "prefixwatch demo is running:"]
     if sim is not None:
-        lines += [f"  simulated vLLM replica {i}: {url}" for i, url in enumerate(sim.urls)]
+        engine = "SGLang" if args.engine == "sglang" else "vLLM"
+        lines += [f"  simulated {engine} replica {i}: {url}" for i, url in enumerate(sim.urls)]
         lines += [f"  KV events of replica {i}: {endpoint}"
                   for i, endpoint in enumerate(sim.kv_events_endpoints)]
         at = time.strftime("%H:%M:%S", time.localtime(time.time() + switch_at))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from prefixwatch.core.vocab.windows import SeriesHistory, histogram_quantile, ratio
+from prefixwatch.core.vocab.windows import HistoryView, histogram_quantile, ratio
 
 SPAN_SECONDS = 3600.0
 BINS = 48
@@ -107,13 +107,13 @@ def final_edge(newest: float, width: float) -> int:
 class SeriesReader:
     """How one history is read: which vector components, from which tier."""
 
-    history: SeriesHistory
+    history: HistoryView
     picks: list[int]
     tier: int
     bounds: Bounds | None
 
     @classmethod
-    def of(cls, history: SeriesHistory, width: float, served: str = "hits") -> SeriesReader:
+    def of(cls, history: HistoryView, width: float, served: str = "hits") -> SeriesReader:
         """Queries and the ``served`` counter role (the device's hits, or every tier's cached
         tokens), then the TTFT buckets."""
         layout = history.layout
@@ -148,7 +148,7 @@ def deltas(values: list[list[float]]) -> np.ndarray:
     return np.where(np.isfinite(d) & (d >= 0), d, 0.0)
 
 
-def bin_history(histories: Sequence[SeriesHistory], now: float,
+def bin_history(histories: Sequence[HistoryView], now: float,
                 width: float = SPAN_SECONDS / BINS, served: str = "hits") -> Binned:
     """One model's engines on one target, binned on the grid: the reference (uncached) way,
     the cache must give the same."""

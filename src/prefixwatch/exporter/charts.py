@@ -1,6 +1,6 @@
 """Small inline-SVG charts for the landing page: hit ratio and TTFT p50 over the last hour.
 
-Read from the monitors' own counter history (never changed here), binned on a fixed grid
+Read from the views of the monitors' counter history (never changed), binned on a fixed grid
 (exporter/chartbins.py), so an edge older than a series' newest point can never change. The
 completed bins of each (target, model) are therefore computed once and cached with
 their formatted points; a render only computes the newest, partial bin (and, when the grid
@@ -16,11 +16,11 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from prefixwatch.core.vocab.windows import SeriesHistory
+from prefixwatch.core.vocab.windows import HistoryView
 from prefixwatch.exporter.chartbins import (
     BINS,
     Binned,
@@ -189,7 +189,7 @@ class _Cached:
 
     def __init__(self, series: list[SeriesReader], width: float, lo: int) -> None:
         self.series = series
-        self.histories = tuple(s.history for s in series)
+        self.lineages = tuple(s.history.lineage for s in series)
         self.width = width
         self.lo = self.hi = lo
         # As combine sums them: the first histogram's bounds.
@@ -305,7 +305,7 @@ class _Cached:
 
 class ChartCache:
     """Per exporter: each (target, model)'s completed bins, reused while the grid and the
-    model's histories (the same objects: a restarted history is a new one) stay the same.
+    model's histories (the same lineage: a restarted history is a new one) stay the same.
     ``served`` is the counter role whose share is drawn (pagereader.CACHED: the effective
     ratio; "hits": the device's)."""
 
@@ -315,10 +315,10 @@ class ChartCache:
         self.width: float | None = None
         self.entries: dict[tuple[str, str], _Cached] = {}
 
-    def chart(self, key: tuple[str, str], histories: Sequence[SeriesHistory], now: float,
+    def chart(self, key: tuple[str, str], histories: Sequence[HistoryView], now: float,
               width: float) -> Chart:
-        """The model's chart, computing only what the cache lacks (call under the target's
-        lock: it reads the histories)."""
+        """The model's chart, computing only what the cache lacks (``histories``: the
+        model's series as the target's latest view holds them)."""
         lo = math.floor(now / width) - BINS + 1
         newests = [h.held(0) for h in histories]
         newest = min((h[1] for h in newests if h is not None), default=None)
@@ -328,8 +328,14 @@ class ChartCache:
             # Engines polled at different times, or nothing final yet: nothing to cache.
             self.entries.pop(key, None)
             return Chart.of(bin_history(histories, now, width, self.served))
-        if cached is None or cached.histories != tuple(histories) or cached.width != width \
-                or not cached.update(lo, newest):
+        if cached is not None and cached.width == width \
+                and cached.lineages == tuple(h.lineage for h in histories):
+            # The same histories, a poll or more on: read on from their latest views.
+            cached.series = [replace(s, history=h)
+                             for s, h in zip(cached.series, histories, strict=True)]
+        else:
+            cached = None
+        if cached is None or not cached.update(lo, newest):
             cached = _Cached([SeriesReader.of(h, width, self.served) for h in histories],
                              width, lo)
             cached.update(lo, newest)

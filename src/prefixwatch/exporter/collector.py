@@ -1,7 +1,7 @@
 """client_python custom Collector: fresh metric families on every scrape of the exporter.
 
-The poll loop does the work (history, window math); ``collect`` only turns the latest state of
-each target into families, so a scrape of the exporter never waits on a slow target.
+The poll loop does the work (history, window math); ``collect`` only turns each target's
+latest view into families, so a scrape of the exporter never waits on a slow target.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import math
 import platform
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -34,7 +35,7 @@ from prefixwatch.exporter.evidence import served_tokens
 from prefixwatch.exporter.kvsubscriber import KvSource
 from prefixwatch.exporter.kvsubscriber.emit import add_families as add_kv_families
 from prefixwatch.exporter.kvsubscriber.emit import add_ledger_families
-from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
+from prefixwatch.exporter.monitor import TargetView, WindowFigures
 from prefixwatch.exporter.pagereader import TIER_ROLES, Histogram, SeriesValues
 from prefixwatch.exporter.requestlog.view import RequestView
 
@@ -57,6 +58,16 @@ class DiagnosisState:
             self.diagnosis = diagnosis
             self.requests = requests
             self.kinds = kinds
+
+    def latest(self) -> Diagnosis:
+        """The latest diagnosis (replaced whole by each update, never changed in place)."""
+        with self.lock:
+            return self.diagnosis
+
+    def latest_culprits(self) -> Mapping[str, Culprit]:
+        """Each model's latest culprit, read-only (replaced whole by each round)."""
+        with self.lock:
+            return MappingProxyType(self.culprits)
 
 
 _FAMILY_KINDS = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily,
@@ -94,9 +105,12 @@ def row_samples(row: families.Family, values: SeriesValues, schema: SourceSchema
 
 
 class PrefixwatchCollector(Collector):
-    def __init__(self, monitors: Iterable[TargetMonitor], windows: dict[str, float],
+    """The exporter's families, from the targets' views as they are when a scrape comes in:
+    ``views`` returns each target's latest (no target's lock is taken)."""
+
+    def __init__(self, views: Callable[[], Sequence[TargetView]], windows: dict[str, float],
                  state: DiagnosisState | None = None, view: RequestView | None = None) -> None:
-        self.monitors = list(monitors)
+        self.views = views
         self.windows = windows
         self.state = state
         self.view = view
@@ -132,30 +146,29 @@ class PrefixwatchCollector(Collector):
                        exposition.OUT_FLEET_EFFECTIVE_HIT_RATIO):
             family(metric)  # always present, even with no data, so dashboards see the names
 
+        views = self.views()
         fleet: dict[tuple[str, str], list[WindowFigures]] = {}
-        for mon in self.monitors:
-            with mon.lock:
-                self._collect_target(mon, family, fleet)
+        for target in views:
+            self._collect_target(target, family, fleet)
         for (model, window), figures in sorted(fleet.items()):
             total = WindowFigures.summed(figures)
             _put(family, exposition.OUT_FLEET_HIT_RATIO, [model, window], total.hit_ratio)
             _put(family, exposition.OUT_FLEET_EFFECTIVE_HIT_RATIO, [model, window],
                  total.effective_ratio)
         if self.state is not None:
-            self._collect_diagnosis(family)
+            self._collect_diagnosis(family, {v.name for v in views if v.up})
         evented: set[str] = set()
         if self.kv_sources is not None:
             add_kv_families(family, self.kv_sources())
         if self.kv_ledgers is not None:
             evented = add_ledger_families(family, self.kv_ledgers, self.windows)
         if self.view is not None:
-            self._collect_requests(family, evented)
+            self._collect_requests(family, views, evented)
         yield from fam.values()
 
-    def _collect_diagnosis(self, family) -> None:
+    def _collect_diagnosis(self, family, up: set[str]) -> None:
         assert self.state is not None
         diag = family(exposition.OUT_DIAGNOSIS)
-        up = {m.name for m in self.monitors if m.up}
         with self.state.lock:
             for (target, model), held in sorted(self.state.diagnosis.causes.items()):
                 if target not in up:
@@ -177,7 +190,8 @@ class PrefixwatchCollector(Collector):
                     top = max(exposition.DIVERGENCE_KINDS, key=lambda k: kinds.get(k, 0))
                     family(exposition.OUT_DIVERGENCE_TOP_KIND).add_metric([model, window, top], 1.0)
 
-    def _collect_requests(self, family, evented: set[str] = frozenset()) -> None:
+    def _collect_requests(self, family, views: Sequence[TargetView],
+                          evented: set[str] = frozenset()) -> None:
         assert self.view is not None
         lines = family(exposition.OUT_REQUESTS_LOG_LINES)
         for result in exposition.REQUESTS_LOG_RESULTS:
@@ -190,9 +204,9 @@ class PrefixwatchCollector(Collector):
                   sorted(self.state.requests) if self.state is not None else [])
         for model in models:
             family(exposition.OUT_DIVERGENCE).add_metric([model], buckets, total)
-        self._collect_ledger(family, [m for m in models if m not in evented])
+        self._collect_ledger(family, views, [m for m in models if m not in evented])
 
-    def _collect_ledger(self, family, models: list[str]) -> None:
+    def _collect_ledger(self, family, views: Sequence[TargetView], models: list[str]) -> None:
         """The ledger's counters, and its window shares with the engines' cached tokens."""
         assert self.view is not None
         totals, unmeasured = self.view.ledger_totals()
@@ -207,36 +221,36 @@ class PrefixwatchCollector(Collector):
             for model in models:
                 achieved = parts.achieved
                 if achieved is None:
-                    achieved = served_tokens(self.monitors, window, model)
+                    achieved = served_tokens(views, window, model)
                 if achieved is None:
                     continue
                 for part, value in ledger_ratios(parts, achieved).items():
                     if part not in unmeasured:
                         shares.add_metric([model, window, part], value)
 
-    def _collect_target(self, mon: TargetMonitor, family, fleet) -> None:
-        t = mon.name
-        family(exposition.OUT_TARGET_UP).add_metric([t], 1.0 if mon.up else 0.0)
-        if not math.isnan(mon.scrape_duration):
-            family(exposition.OUT_SCRAPE_DURATION).add_metric([t], mon.scrape_duration)
-        if not math.isnan(mon.last_success):
-            family(exposition.OUT_LAST_SUCCESS).add_metric([t], mon.last_success)
+    def _collect_target(self, view: TargetView, family, fleet) -> None:
+        t = view.name
+        family(exposition.OUT_TARGET_UP).add_metric([t], 1.0 if view.up else 0.0)
+        if not math.isnan(view.scrape_duration):
+            family(exposition.OUT_SCRAPE_DURATION).add_metric([t], view.scrape_duration)
+        if not math.isnan(view.last_success):
+            family(exposition.OUT_LAST_SUCCESS).add_metric([t], view.last_success)
         errors = family(exposition.OUT_SCRAPE_ERRORS)
         for reason in exposition.SCRAPE_ERROR_REASONS:
-            errors.add_metric([t, reason], float(mon.errors.get(reason, 0)))
-        snap = mon.snapshot
-        if not mon.up or snap is None:
+            errors.add_metric([t, reason], float(view.errors.get(reason, 0)))
+        schema = view.schema
+        if not view.up or schema is None:
             return
-        server = snap.schema.server
+        server = schema.server
         family(exposition.OUT_TARGET_INFO).add_metric(
-            [t], dict(zip(exposition.OUT_TARGET_INFO.info_keys, (server, snap.schema.schema),
+            [t], dict(zip(exposition.OUT_TARGET_INFO.info_keys, (server, schema.schema),
                           strict=True)))
 
-        for (model, engine), state in sorted(mon.series.items()):
+        for (model, engine), state in sorted(view.series.items()):
             labels = [t, model, engine, server]
             values = state.values
             for row in families.FAMILIES:
-                for extra, value, created in row_samples(row, values, snap.schema):
+                for extra, value, created in row_samples(row, values, schema):
                     if isinstance(value, Histogram):
                         buckets = [(floatToGoString(b), c)
                                    for b, c in zip(value.bounds, value.counts, strict=True)]
@@ -251,7 +265,7 @@ class PrefixwatchCollector(Collector):
                 family(exposition.OUT_CACHING_ENABLED).add_metric(
                     labels, 1.0 if values.caching_enabled else 0.0)
 
-        for model, figures in sorted(mon.models.items()):
+        for model, figures in sorted(view.models.items()):
             base = [t, model, server]
             life = base + [exposition.LIFETIME_WINDOW]
             _put(family, exposition.OUT_HIT_RATIO, life,

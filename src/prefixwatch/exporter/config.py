@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -227,40 +228,77 @@ def load_file(path: str | None) -> ConfigFile:
     return cf
 
 
-def build_config(
-    *,
-    targets: list[str] | None = None,
-    config_file: str | None = None,
-    interval: float | None = None,
-    listen_address: str | None = None,
-    windows: list[str] | None = None,
-    otlp_endpoint: str | None = None,
-    timeout: float | None = None,
-    bearer_token_file: str | None = None,
-    ca_file: str | None = None,
-    insecure_skip_verify: bool = False,
-    max_body_bytes: int | None = None,
-    web_config_file: str | None = None,
-    diagnosis_window: str | None = None,
-    cold_start: str | None = None,
-    requests_log: dict[str, Any] | None = None,
-    kv_events: str | None = None,
-    environ: dict[str, str] | None = None,
-) -> ExporterConfig:
+@dataclass(frozen=True)
+class ConfigFlags:
+    """What the command line (or a program embedding the exporter) sets: each value wins over
+    the file's and the environment's; None (False) when not given. ``requests_log`` holds the
+    request-log flags under the requests_log section's keys."""
+
+    targets: Sequence[str] | None = None
+    config_file: str | None = None
+    interval: float | None = None
+    listen_address: str | None = None
+    windows: Sequence[str] | None = None
+    otlp_endpoint: str | None = None
+    timeout: float | None = None
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    insecure_skip_verify: bool = False
+    max_body_bytes: int | None = None
+    web_config_file: str | None = None
+    diagnosis_window: str | None = None
+    cold_start: str | None = None
+    requests_log: Mapping[str, Any] | None = None
+    kv_events: str | None = None
+
+
+def build_config(flags: ConfigFlags = ConfigFlags(),
+                 environ: Mapping[str, str] | None = None) -> ExporterConfig:
     """Flags win over the file, the file over the environment, the environment over defaults."""
     env = os.environ if environ is None else environ
-    config_file = config_file or env.get(exposition.ENV_CONFIG) or None
-    cf = load_file(config_file)
+    cf = load_file(flags.config_file or env.get(exposition.ENV_CONFIG) or None)
+    data = cf.data
+    targets = _targets(flags, cf, env)
+    listen, topics = _kv_events_listen(cf), _kv_events_topics(cf)
+    found = settings.diagnosis_from(data, cf.where(settings.DIAGNOSIS_KEY))
+    requests_log = _requests_log(flags, cf)
+    try:
+        cfg = ExporterConfig(
+            targets=name_targets(targets),
+            interval=float(flags.interval if flags.interval is not None
+                           else _file_seconds(data, cf, "interval",
+                                              exposition.DEFAULT_INTERVAL_SECONDS)),
+            listen_address=str(flags.listen_address or data.get("listen_address")
+                               or exposition.DEFAULT_LISTEN_ADDRESS),
+            windows=tuple(flags.windows or data.get("windows") or exposition.DEFAULT_WINDOWS),
+            otlp_endpoint=flags.otlp_endpoint or data.get("otlp_endpoint"),
+            diagnosis_window=flags.diagnosis_window or found.window,
+            cold_start=flags.cold_start or found.cold_start,
+            thresholds=found.thresholds,
+            hit_ratio_mode=found.hit_ratio_mode,
+            requests_log=requests_log,
+            web_config_file=flags.web_config_file or data.get("web_config_file") or None,
+            kv_events_listen=listen,
+            kv_events_topics=topics,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    _validate(cfg, flags, cf)
+    return cfg
+
+
+def _targets(flags: ConfigFlags, cf: ConfigFile, env: Mapping[str, str]) -> list[TargetConfig]:
+    """The targets of the flags, else the file's, else the environment's, else the default;
+    each with the target flags and the file's target_defaults."""
     data = cf.data
     defaults: dict[str, Any] = dict(data.get("target_defaults") or {})
-    flags = {"timeout": timeout, "bearer_token_file": bearer_token_file, "ca_file": ca_file,
-             "max_body_bytes": max_body_bytes, "tls_verify": False if insecure_skip_verify
-             else None}
-    defaults.update({k: v for k, v in flags.items() if v is not None})
-
-    if targets:
-        places = ["--target"] * len(targets)
-        entries: list[Any] = list(targets)
+    given = {"timeout": flags.timeout, "bearer_token_file": flags.bearer_token_file,
+             "ca_file": flags.ca_file, "max_body_bytes": flags.max_body_bytes,
+             "tls_verify": False if flags.insecure_skip_verify else None}
+    defaults.update({k: v for k, v in given.items() if v is not None})
+    if flags.targets:
+        places = ["--target"] * len(flags.targets)
+        entries: list[Any] = list(flags.targets)
     elif data.get("targets"):
         entries = list(data["targets"])
         places = [cf.where("targets", str(i)) for i in range(len(entries))]
@@ -270,69 +308,69 @@ def build_config(
     else:
         entries, places = [exposition.DEFAULT_TARGET], ["default target"]
     target_list = [_target_from(e, defaults, at) for e, at in zip(entries, places, strict=True)]
-    if kv_events:
+    if flags.kv_events:
         if len(target_list) != 1:
             raise ConfigError("--kv-events is for one target (the sidecar); with several, "
                               "give each target its kv_events in the config file")
         target_list[0] = replace(target_list[0],
-                                 kv_events=validate_zmq_endpoint(kv_events, "--kv-events"))
-    listen = data.get("kv_events_listen")
-    if listen is not None:
-        listen = validate_zmq_endpoint(listen, cf.where("kv_events_listen"))
-    topics = data.get("kv_events_topics") or {}
+                                 kv_events=validate_zmq_endpoint(flags.kv_events, "--kv-events"))
+    return target_list
+
+
+def _kv_events_listen(cf: ConfigFile) -> str | None:
+    listen = cf.data.get("kv_events_listen")
+    return None if listen is None else validate_zmq_endpoint(listen, cf.where("kv_events_listen"))
+
+
+def _kv_events_topics(cf: ConfigFile) -> dict[str, str]:
+    topics = cf.data.get("kv_events_topics") or {}
     if not isinstance(topics, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in topics.items()):
         raise ConfigError(f"{cf.where('kv_events_topics')}: kv_events_topics must map topics "
                           "to target names")
-    found = settings.diagnosis_from(data, cf.where(settings.DIAGNOSIS_KEY))
-    log_data: dict[str, Any] = dict(data.get("requests_log") or {})
-    flags = {k: v for k, v in (requests_log or {}).items() if v is not None}
-    unknown = set(flags) - _REQUESTS_LOG_KEYS
+    return dict(topics)
+
+
+def _requests_log(flags: ConfigFlags, cf: ConfigFile) -> RequestsLogConfig | None:
+    """The file's requests_log section with the request-log flags over it (None: neither)."""
+    log_data: dict[str, Any] = dict(cf.data.get("requests_log") or {})
+    given = {k: v for k, v in (flags.requests_log or {}).items() if v is not None}
+    unknown = set(given) - _REQUESTS_LOG_KEYS
     if unknown:
         raise ConfigError(f"unknown requests_log key {sorted(unknown)[0]!r}")
-    log_data.update(flags)
-    log_cfg = requests_log_from(log_data, flags and "--requests-log" or cf.where(
-        "requests_log")) if log_data else None
+    log_data.update(given)
+    if not log_data:
+        return None
+    return requests_log_from(log_data, given and "--requests-log" or cf.where("requests_log"))
 
-    if interval is None:
-        try:  # a duration (5s) or seconds, like --interval; the file's place when it is not
-            interval = cliargs.seconds(data.get("interval", exposition.DEFAULT_INTERVAL_SECONDS))
-        except ValueError as exc:
-            raise ConfigError(f"{cf.where('interval')}: interval: {exc}") from None
+
+def _file_seconds(data: dict, cf: ConfigFile, key: str, default: float) -> float:
+    """A duration of the file (5s, or bare seconds, like its flag); one line naming the
+    file's place and the key when it is none."""
     try:
-        cfg = ExporterConfig(
-            targets=name_targets(target_list),
-            interval=float(interval),
-            listen_address=str(listen_address or data.get("listen_address")
-                               or exposition.DEFAULT_LISTEN_ADDRESS),
-            windows=tuple(windows or data.get("windows") or exposition.DEFAULT_WINDOWS),
-            otlp_endpoint=otlp_endpoint or data.get("otlp_endpoint"),
-            diagnosis_window=diagnosis_window or found.window,
-            cold_start=cold_start or found.cold_start,
-            thresholds=found.thresholds,
-            hit_ratio_mode=found.hit_ratio_mode,
-            requests_log=log_cfg,
-            web_config_file=web_config_file or data.get("web_config_file") or None,
-            kv_events_listen=listen,
-            kv_events_topics=dict(topics),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from exc
+        return cliargs.seconds(data.get(key, default))
+    except ValueError as exc:
+        raise ConfigError(f"{cf.where(key)}: {key}: {exc}") from None
+
+
+def _validate(cfg: ExporterConfig, flags: ConfigFlags, cf: ConfigFile) -> None:
+    """What the config's values must be; an error names the flag or the file's place."""
 
     def at(key: str, flag: object, name: str = "") -> str:
         """Where a value came from: its flag, or its place in the file."""
         return (name or f"--{key.replace('_', '-')}") if flag else cf.where(key)
 
     if cfg.interval <= 0:
-        raise ConfigError(f"{at('interval', interval is not None)}: interval must be positive")
+        raise ConfigError(f"{at('interval', flags.interval is not None)}: interval must be "
+                          "positive")
     try:
         split_host_port(cfg.listen_address)
     except ConfigError as exc:
-        raise ConfigError(f"{at('listen_address', listen_address)}: {exc}") from None
+        raise ConfigError(f"{at('listen_address', flags.listen_address)}: {exc}") from None
     try:
         cfg.window_seconds  # noqa: B018 - validates ('lifetime' is no duration: always added)
     except ValueError as exc:
-        raise ConfigError(f"{at('windows', windows, '--window')}: {exc}") from exc
+        raise ConfigError(f"{at('windows', flags.windows, '--window')}: {exc}") from exc
     for name, value in (("diagnosis window", cfg.diagnosis_window),
                         ("cold start", cfg.cold_start)):
         try:
@@ -343,9 +381,8 @@ def build_config(
         try:
             validate_url(cfg.otlp_endpoint)
         except ConfigError as exc:
-            raise ConfigError(f"{at('otlp_endpoint', otlp_endpoint)}: {exc}") from None
+            raise ConfigError(f"{at('otlp_endpoint', flags.otlp_endpoint)}: {exc}") from None
     known = {t.name for t in cfg.targets}
     for topic, name in cfg.kv_events_topics.items():
         if name not in known:
             raise ConfigError(f"kv_events_topics: topic {topic!r} names no target ({name!r})")
-    return cfg

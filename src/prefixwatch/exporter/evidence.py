@@ -1,6 +1,6 @@
-"""What is read across the monitors: the diagnosis' evidence of each model of one target over a
-window (deltas summed over engines before any ratio), and the prompt tokens the targets served
-(the ledger's achieved part)."""
+"""What is read across the targets' views: the diagnosis' evidence of each model of one target
+over a window (deltas summed over engines before any ratio), the prompt tokens the targets
+served (the ledger's achieved part), and what a surface says when there is no ledger."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prefixwatch.core.diagnosis import TargetEvidence
 from prefixwatch.core.vocab.windows import VectorLayout, histogram_quantile
 from prefixwatch.exporter.monitor import (
     SeriesState,
-    TargetMonitor,
+    TargetView,
     WindowFigures,
     hist_delta,
     summed_delta,
@@ -19,11 +19,17 @@ from prefixwatch.exporter.monitor import (
 )
 from prefixwatch.exporter.pagereader import TIER_CONFIGURED, TIER_ROLES, TIER_STORES, TIER_USED
 
+LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
+                    "eviction) needs a KV event stream (--kv-events ENDPOINT; "
+                    "kv_events per target in the config file) or a request log "
+                    "(requests_log in the config file; the exporter's --requests-log PATH): "
+                    "docs/runbooks.md#the-hit-rate-ledger.")
 
-def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, TargetEvidence]:
-    """What the diagnosis needs of each model on one target (call with ``mon.lock`` held)."""
+
+def evidence_for(view: TargetView, now: float, window: float) -> dict[str, TargetEvidence]:
+    """What the diagnosis needs of each model on one target, from its view."""
     by_model: dict[str, dict[tuple[str, str], SeriesState]] = {}
-    for key, state in mon.series.items():
+    for key, state in view.series.items():
         by_model.setdefault(key[0], {})[key] = state
     out: dict[str, TargetEvidence] = {}
     for model, keyed in by_model.items():
@@ -36,7 +42,7 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
         # The engine's own start time (the counters' _created) where it says it; else the
         # time the exporter saw its counters reset.
         starts = [created if (created := s.values.created.get("queries")) is not None
-                  else mon._last_reset.get(key) for key, s in keyed.items()]
+                  else view.last_reset.get(key) for key, s in keyed.items()]
         last_start = max((s for s in starts if s is not None), default=None)
         if last_start is not None:
             ev.seconds_since_start = now - last_start
@@ -73,7 +79,7 @@ def evidence_for(mon: TargetMonitor, now: float, window: float) -> dict[str, Tar
         used = [s.values.gauges[TIER_USED] for s in states if TIER_USED in s.values.gauges]
         if used:
             ev.tier_used = sum(used)
-        ring = [g for g in mon._gauges.get(model, ()) if g[0] >= now - window - 1e-9]
+        ring = [g for g in view.gauges.get(model, ()) if g[0] >= now - window - 1e-9]
         usage = [u for _, u, _ in ring if not math.isnan(u)]
         waiting = [w for _, _, w in ring if not math.isnan(w)]
         if usage:
@@ -104,17 +110,13 @@ def _tier_evidence(ev: TargetEvidence, layout: VectorLayout, vec: Sequence[float
             ev.tier_configured = True
 
 
-def served_tokens(monitors: Iterable[TargetMonitor], window: str, model: str | None = None
+def served_tokens(views: Iterable[TargetView], window: str, model: str | None = None
                   ) -> float | None:
     """Prompt tokens served from cache over a window, summed over the targets that are up
     (every tier; the device's hits where an engine shows no tiers): the ledger's achieved
     part. None when no target has the window, or a count is unknown."""
-    figures = []
-    for mon in monitors:
-        with mon.lock:
-            if mon.up:
-                figures += [f.windows[window] for m, f in mon.models.items()
-                            if model in (None, m) and window in f.windows]
+    figures = [f.windows[window] for view in views if view.up
+               for m, f in view.models.items() if model in (None, m) and window in f.windows]
     if not figures:
         return None
     total = WindowFigures.summed(figures)

@@ -2,8 +2,9 @@
 
 A target never takes the exporter down: every failure becomes ``up=0`` with a reason, counted
 in ``scrape_errors``, and logged once when the state changes (not on every poll).
-The window math lives in core/vocab/windows.py; what the diagnosis needs of a target is read from
-this state by exporter/evidence.py.
+The window math lives in core/vocab/windows.py. Readers see a target only through its TargetView,
+published whole at the end of each poll; what the diagnosis needs of a target is read from
+that view by exporter/evidence.py.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from prefixwatch.core.version import __version__
 from prefixwatch.core.vocab import exposition, families, tiers
+from prefixwatch.core.vocab.schemas import SourceSchema
 from prefixwatch.core.vocab.windows import (
+    HistoryView,
     SeriesHistory,
     VectorLayout,
     histogram_quantile,
@@ -51,7 +55,7 @@ COUNTER_ROLES: tuple[str, ...] = (*families.roles("counter"), *TIER_ROLES.values
 HISTOGRAM_ROLES: tuple[str, ...] = families.roles("histogram")
 
 
-@dataclass
+@dataclass(frozen=True)
 class WindowFigures:
     """What one window says about one (target, model) or one model's fleet."""
 
@@ -89,8 +93,17 @@ class WindowFigures:
     def ttft_quantile(self, q: float) -> float | None:
         return None if self.ttft_buckets is None else histogram_quantile(q, *self.ttft_buckets)
 
+    def tier_shares(self) -> dict[str, float] | None:
+        """Each tier's share of the window's prompt tokens, and the recomputed rest (None:
+        no tiers, or no tokens)."""
+        if not self.tiers or not self.queries > 0:
+            return None
+        shares = {t: self.tiers[t] / self.queries for t in tiers.TIERS}
+        shares["recomputed"] = max(1.0 - sum(shares.values()), 0.0)
+        return shares
 
-@dataclass
+
+@dataclass(frozen=True)
 class ModelFigures:
     """Derived figures for one model on one target (summed over its engines)."""
 
@@ -108,10 +121,54 @@ class ModelFigures:
         return ratio(sum(self.lifetime_tiers.values()), self.lifetime_queries)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SeriesState:
+    """One (model, engine) series as the last poll left it: its values and its history."""
+
     values: SeriesValues
-    history: SeriesHistory | None
+    history: HistoryView | None
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """What one target's readers see of it: the monitor publishes a new view at the end of
+    each poll, whatever its outcome, and swaps it in whole, so a reader takes no lock and
+    never sees half a poll. Nothing in it changes after it is published."""
+
+    target: TargetConfig
+    up: bool = False
+    polled: bool = False
+    #: Why the last poll failed (a scrape error reason), and its detail.
+    reason: str | None = None
+    last_error: str = "not polled yet"
+    #: What the last page lost to a limit ("" when nothing): shown on the landing page.
+    limit_note: str = ""
+    scrape_duration: float = math.nan
+    last_success: float = math.nan
+    #: time.monotonic() when the last poll ended, whatever its outcome (for /healthz).
+    last_polled: float | None = None
+    errors: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(
+        dict.fromkeys(exposition.SCRAPE_ERROR_REASONS, 0)))
+    #: The engine generation of the last page read (None before the first).
+    schema: SourceSchema | None = None
+    series: Mapping[SeriesKey, SeriesState] = field(default_factory=lambda: _EMPTY)
+    models: Mapping[str, ModelFigures] = field(default_factory=lambda: _EMPTY)
+    #: When the exporter saw each series' counters reset (its engine restarted).
+    last_reset: Mapping[SeriesKey, float] = field(default_factory=lambda: _EMPTY)
+    #: Each model's gauges over the diagnosis' span: (time, kv usage, waiting requests).
+    gauges: Mapping[str, tuple[tuple[float, float, float], ...]] = field(
+        default_factory=lambda: _EMPTY)
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    def by_model(self) -> dict[str, list[SeriesState]]:
+        """Each model's series (one per engine)."""
+        return _by_model(self.series)
+
+
+_EMPTY: Mapping = MappingProxyType({})
 
 
 def layout_for(values: SeriesValues) -> VectorLayout:
@@ -134,7 +191,11 @@ def raw_vector(values: SeriesValues, layout: VectorLayout) -> list[float]:
 
 
 class TargetMonitor:
-    """State of one target, updated by the poll loop and read by the collector."""
+    """One target: polled by one poll at a time, read by anyone through ``view``.
+
+    The poll keeps the history and the counts to itself; at the end of each poll it publishes
+    a new TargetView (the only thing readers see), so a scrape, the landing page or the
+    diagnosis never waits on a poll and never takes this monitor's lock."""
 
     def __init__(self, target: TargetConfig, windows: dict[str, float], interval: float,
                  extra_windows: Iterable[float] = ()) -> None:
@@ -152,25 +213,20 @@ class TargetMonitor:
         self._labels = LabelCache()
         self._limits = PageLimits(target.max_series, target.max_models,
                                   target.max_label_length, target.max_buckets)
-        self.lock = threading.Lock()
-        # Read by the collector (under lock).
-        self.up = False
-        self.polled = False
-        self.reason: str | None = None
-        self.last_error = "not polled yet"
-        self.snapshot: Snapshot | None = None
-        self.scrape_duration = math.nan
-        self.last_success = math.nan
-        self.errors = dict.fromkeys(exposition.SCRAPE_ERROR_REASONS, 0)
-        self.series: dict[SeriesKey, SeriesState] = {}
-        self.models: dict[str, ModelFigures] = {}
+        #: Taken by the poll that writes (polls of one target never overlap, but a test or a
+        #: one-shot caller may ingest from another thread); readers never take it.
+        self._lock = threading.Lock()
+        self._errors = dict.fromkeys(exposition.SCRAPE_ERROR_REASONS, 0)
+        self._histories: dict[SeriesKey, SeriesHistory | None] = {}
         self._state: tuple[bool, str | None] | None = None
         self._schema: str | None = None
         self._switches: set[tuple[str, str]] = set()  # schema changes already logged
-        #: What the last page lost to a limit ("" when nothing): shown on the landing page.
-        self.limit_note = ""
-        #: time.monotonic() when the last poll ended, whatever its outcome (for /healthz).
-        self.last_polled: float | None = None
+        self._view = TargetView(target)
+
+    @property
+    def view(self) -> TargetView:
+        """The target as its last poll left it (a new object after each poll)."""
+        return self._view
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -208,34 +264,31 @@ class TargetMonitor:
             return
         note = ", ".join(f"{n} dropped ({reason})" for reason, n in sorted(
             snapshot.dropped.items()))
-        with self.lock:
-            self._accept(snapshot, now)
+        with self._lock:
+            series = self._accept(snapshot, now)
             for reason in snapshot.dropped:
-                self.errors[reason] = self.errors.get(reason, 0) + 1
-            self.scrape_duration = time.monotonic() - started
-            self.last_success = now
-            self.last_polled = time.monotonic()
-            self.up = True
-            self.polled = True
-            self.reason = None
-            self.last_error = ""
-            changed = note != self.limit_note
-            self.limit_note = note
+                self._errors[reason] = self._errors.get(reason, 0) + 1
+            changed = note != self._view.limit_note
+            self._view = TargetView(
+                self.target, up=True, polled=True, limit_note=note,
+                scrape_duration=time.monotonic() - started, last_success=now,
+                last_polled=time.monotonic(), errors=MappingProxyType(dict(self._errors)),
+                schema=snapshot.schema, series=MappingProxyType(series),
+                models=MappingProxyType(self._derive(series, now)),
+                last_reset=MappingProxyType(dict(self._last_reset)),
+                gauges=MappingProxyType({m: tuple(ring) for m, ring in self._gauges.items()}))
         self._log_state(True, None, "")
         if changed and note:
             log.warning("target %s: over a limit, series left out: %s (docs/configuration.md"
                         "#limits)", self.name, note)
 
     def _fail(self, exc: PageError, duration: float) -> None:
-        with self.lock:
-            self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
-            self.up = False
-            self.polled = True
-            self.reason = exc.reason
-            self.last_error = exc.detail
-            self.scrape_duration = duration
-            self.last_polled = time.monotonic()
-            self.models = {}
+        with self._lock:
+            self._errors[exc.reason] = self._errors.get(exc.reason, 0) + 1
+            self._view = replace(
+                self._view, up=False, polled=True, reason=exc.reason, last_error=exc.detail,
+                scrape_duration=duration, last_polled=time.monotonic(),
+                errors=MappingProxyType(dict(self._errors)), models=_EMPTY)
         self._log_state(False, exc.reason, exc.detail)
 
     def _log_state(self, up: bool, reason: str | None, detail: str) -> None:
@@ -248,14 +301,15 @@ class TargetMonitor:
             if previous is not None:
                 log.info("target %s is up again", self.name)
             else:
-                log.info("target %s is up (%s)", self.name, self.snapshot.schema.schema
-                         if self.snapshot else "?")
+                schema = self._view.schema
+                log.info("target %s is up (%s)", self.name, schema.schema if schema else "?")
         else:
             log.warning("target %s is down: %s: %s", self.name, reason, detail)
 
     # -- history and derivation -----------------------------------------------------------------
 
-    def _accept(self, snapshot: Snapshot, now: float) -> None:
+    def _accept(self, snapshot: Snapshot, now: float) -> dict[SeriesKey, SeriesState]:
+        """Add the page to each series' history; the series as readers will see them."""
         schema = snapshot.schema
         if schema.schema != self._schema:
             if self._schema is not None:
@@ -266,14 +320,14 @@ class TargetMonitor:
                 self._switches.add(switch)
                 log.log(level, "target %s changed metric schema: %s -> %s; history restarted",
                         self.name, self._schema, schema.schema)
-                self.series = {}
+                self._histories = {}
             elif not schema.windows_supported:
                 log.warning("target %s: %s", self.name, schema.note)
             self._schema = schema.schema
-        fresh: dict[SeriesKey, SeriesState] = {}
+        histories: dict[SeriesKey, SeriesHistory | None] = {}
+        series: dict[SeriesKey, SeriesState] = {}
         for key, values in snapshot.series.items():
-            old = self.series.get(key)
-            history = old.history if old else None
+            history = self._histories.get(key)
             if schema.windows_supported:
                 layout = layout_for(values)
                 if history is None or history.layout != layout:
@@ -283,22 +337,15 @@ class TargetMonitor:
                     self._last_reset[key] = now
                     log.info("target %s: counters of %s/engine %s reset (server restart)",
                              self.name, key[0], key[1])
-            fresh[key] = SeriesState(values, history)
-        self.series = fresh
-        self.snapshot = snapshot
-        self.models = self._derive(now)
+            histories[key] = history
+            series[key] = SeriesState(values, history.view() if history else None)
+        self._histories = histories
         if self._gauge_span:
-            self._record_gauges(now)
+            self._record_gauges(series, now)
+        return series
 
-    def by_model(self) -> dict[str, list[SeriesState]]:
-        """Each model's series (one per engine)."""
-        out: dict[str, list[SeriesState]] = {}
-        for (model, _engine), state in self.series.items():
-            out.setdefault(model, []).append(state)
-        return out
-
-    def _record_gauges(self, now: float) -> None:
-        by_model = self.by_model()
+    def _record_gauges(self, series: Mapping[SeriesKey, SeriesState], now: float) -> None:
+        by_model = _by_model(series)
         for model, states in by_model.items():
             values = [s.values for s in states]
             usage = [v.gauges["kv_usage"] for v in values if "kv_usage" in v.gauges]
@@ -311,21 +358,26 @@ class TargetMonitor:
         for model in set(self._gauges) - set(by_model):
             del self._gauges[model]
 
-    def _derive(self, now: float) -> dict[str, ModelFigures]:
+    def _derive(self, series: Mapping[SeriesKey, SeriesState], now: float
+                ) -> dict[str, ModelFigures]:
         out: dict[str, ModelFigures] = {}
-        for model, states in self.by_model().items():
-            figures = ModelFigures(model)
+        for model, states in _by_model(series).items():
             counters = [s.values.counters for s in states]
+            windows = {window: wf for window, seconds in self.windows.items()
+                       if (wf := window_figures(states, now, seconds)) is not None}
             if all("queries" in c and "hits" in c for c in counters):
-                figures.lifetime_queries = sum(c["queries"] for c in counters)
-                figures.lifetime_hits = sum(c["hits"] for c in counters)
-                figures.lifetime_tiers = tier_sum(counters)
-            for window, seconds in self.windows.items():
-                wf = window_figures(states, now, seconds)
-                if wf is not None:
-                    figures.windows[window] = wf
-            out[model] = figures
+                out[model] = ModelFigures(model, windows, sum(c["queries"] for c in counters),
+                                          sum(c["hits"] for c in counters), tier_sum(counters))
+            else:
+                out[model] = ModelFigures(model, windows)
         return out
+
+
+def _by_model(series: Mapping[SeriesKey, SeriesState]) -> dict[str, list[SeriesState]]:
+    out: dict[str, list[SeriesState]] = {}
+    for (model, _engine), state in series.items():
+        out.setdefault(model, []).append(state)
+    return out
 
 
 def window_figures(states: list[SeriesState], now: float, seconds: float) -> WindowFigures | None:

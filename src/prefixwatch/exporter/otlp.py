@@ -70,9 +70,9 @@ class OtlpBridge:
         self.collector = collector
         self._own = {"service.name": "prefixwatch", "service.version": __version__,
                      "service.instance.id": socket.gethostname()}
-        self._resources: dict[str | None, Resource] = {mon.name: Resource.create({
-            **self._own, "prefixwatch.target": mon.name, "url.full": mon.target.display_url,
-        }) for mon in collector.monitors}
+        self._resources: dict[str | None, Resource] = {view.name: Resource.create({
+            **self._own, "prefixwatch.target": view.name, "url.full": view.target.display_url,
+        }) for view in collector.views()}
         self._exporter = OTLPMetricExporter(endpoint=self.endpoint, timeout=timeout)
         self._failing = False
 

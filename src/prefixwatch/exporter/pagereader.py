@@ -189,96 +189,136 @@ _ROLES = {s.schema: _role_tables(s) for s in schemas.SCHEMAS}
 
 def _normalize(schema: SourceSchema, samples: list[tuple[str, dict[str, str], float]],
                admission: Admission) -> Snapshot:
-    roles_by_sample, hist_roles = _ROLES[schema.schema]
-    series: dict[SeriesKey, SeriesValues] = {}
-    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-    buckets: dict[tuple[SeriesKey, str], dict[float, float]] = {}
-    hist_sum: dict[tuple[SeriesKey, str], float] = {}
-    hist_count: dict[tuple[SeriesKey, str], float] = {}
-    realtime: dict[SeriesKey, dict[str, float]] = {}
-    cache_info: dict[str, dict[str, str]] = {}
-    tier_schema = _tier_schema(schema)
-    tier_reader = _TierReader(schema.server, tier_schema) if tier_schema else None
-
+    """The kept samples -> each series' values by role: every sample goes to what it feeds,
+    then the histograms are assembled, SGLang's realtime tokens become hits and queries, and
+    each series gets its engine's cache info and tiers."""
+    page = _PageParts(schema, admission)
     for name, labels, value in samples:
+        page.take(name, labels, value)
+    page.assemble_histograms()
+    page.realtime_hits()
+    return page.snapshot()
+
+
+class _PageParts:
+    """What one page's kept samples add up to, per series, while they are read."""
+
+    def __init__(self, schema: SourceSchema, admission: Admission) -> None:
+        self.schema = schema
+        self.admission = admission
+        self.roles_by_sample, self.hist_roles = _ROLES[schema.schema]
+        self.series: dict[SeriesKey, SeriesValues] = {}
+        self.seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        self.buckets: dict[tuple[SeriesKey, str], dict[float, float]] = {}
+        self.hist_sum: dict[tuple[SeriesKey, str], float] = {}
+        self.hist_count: dict[tuple[SeriesKey, str], float] = {}
+        self.realtime: dict[SeriesKey, dict[str, float]] = {}
+        self.cache_info: dict[str, dict[str, str]] = {}
+        tier_schema = _tier_schema(schema)
+        self.tiers = _TierReader(schema.server, tier_schema) if tier_schema else None
+
+    def take(self, name: str, labels: dict[str, str], value: float) -> None:
+        """Route one sample: cache info, a tier family, realtime tokens, a role, a histogram."""
         ident = (name, tuple(sorted(labels.items())))
-        if ident in seen:
+        if ident in self.seen:
             raise PageError("parse", f"duplicate series {name}{labels}")
-        seen.add(ident)
+        self.seen.add(ident)
+        schema = self.schema
         key = _series_key(schema, labels)
         if key is None:
-            continue
+            return
         if name == schema.cache_config_info:
             # vLLM labels it with the engine index but not the model name.
-            if key[1] in cache_info or len(cache_info) < admission.limits.max_series:
-                cache_info[key[1]] = dict(labels)
-            continue
-        if not admission.admit(key):
-            continue
-        if tier_reader is not None and tier_reader.take(name, labels, value, key):
-            continue
+            if key[1] in self.cache_info or len(self.cache_info) < self.admission.limits.max_series:
+                self.cache_info[key[1]] = dict(labels)
+            return
+        if not self.admission.admit(key):
+            return
+        if self.tiers is not None and self.tiers.take(name, labels, value, key):
+            return
         if name == schema.realtime_tokens:
             check_counter(name, value)
             mode = labels.get(schemas.SGLANG_MODE_LABEL, "")
-            realtime.setdefault(key, {})[mode] = value
-            continue
-        roles = roles_by_sample.get(name)
+            self.realtime.setdefault(key, {})[mode] = value
+            return
+        roles = self.roles_by_sample.get(name)
         if roles is not None:
-            values = series.setdefault(key, SeriesValues())
-            for kind, role_name in roles:
-                if kind == "counter":
-                    check_counter(name, value)
-                    values.counters[role_name] = values.counters.get(role_name, 0.0) + value
-                    check_counter(name, values.counters[role_name])
-                elif kind == "created":
-                    if math.isfinite(value):
-                        values.created[role_name] = value
-                elif math.isfinite(value):
-                    values.gauges[role_name] = value
-            continue
-        hrole = hist_roles.get(name)
-        if hrole is None:
-            continue
+            self._add_roles(name, value, key, roles)
+            return
+        hrole = self.hist_roles.get(name)
+        if hrole is not None:
+            self._add_histogram_sample(name, labels, value, key, hrole)
+
+    def _add_roles(self, name: str, value: float, key: SeriesKey,
+                   roles: list[tuple[str, str]]) -> None:
+        """A sample of counter, created or gauge roles (engines of one series summed)."""
+        values = self.series.setdefault(key, SeriesValues())
+        for kind, role_name in roles:
+            if kind == "counter":
+                check_counter(name, value)
+                values.counters[role_name] = values.counters.get(role_name, 0.0) + value
+                check_counter(name, values.counters[role_name])
+            elif kind == "created":
+                if math.isfinite(value):
+                    values.created[role_name] = value
+            elif math.isfinite(value):
+                values.gauges[role_name] = value
+
+    def _add_histogram_sample(self, name: str, labels: dict[str, str], value: float,
+                              key: SeriesKey, hrole: str) -> None:
+        """A histogram's bucket, sum or count sample."""
         check_counter(name, value)
         hkey = (key, hrole)
-        series.setdefault(key, SeriesValues())
+        self.series.setdefault(key, SeriesValues())
         if name.endswith("_bucket"):
             try:
                 bound = float(labels["le"])
             except (KeyError, ValueError) as exc:
                 raise PageError("parse", f"bucket without a valid le: {name}") from exc
-            bucket = buckets.setdefault(hkey, {})
+            bucket = self.buckets.setdefault(hkey, {})
             bucket[bound] = bucket.get(bound, 0.0) + value
         elif name.endswith("_sum"):
-            hist_sum[hkey] = hist_sum.get(hkey, 0.0) + value
+            self.hist_sum[hkey] = self.hist_sum.get(hkey, 0.0) + value
         else:
-            hist_count[hkey] = hist_count.get(hkey, 0.0) + value
+            self.hist_count[hkey] = self.hist_count.get(hkey, 0.0) + value
 
-    for (key, hrole), bucket in buckets.items():
-        if len(bucket) > admission.limits.max_buckets:
-            admission.drop("too_many_series")  # every bucket is a series of ours
-            continue
-        bounds = tuple(sorted(bucket))
-        if not bounds or not math.isinf(bounds[-1]):
-            raise PageError("parse", f"histogram {hrole} has no +Inf bucket")
-        counts = tuple(bucket[b] for b in bounds)
-        count = hist_count.get((key, hrole), counts[-1])
-        series[key].histograms[hrole] = Histogram(
-            bounds, counts, hist_sum.get((key, hrole), 0.0), count)
+    def assemble_histograms(self) -> None:
+        """Each histogram's buckets in order, ending with +Inf (over the bucket limit: left
+        out and counted)."""
+        for (key, hrole), bucket in self.buckets.items():
+            if len(bucket) > self.admission.limits.max_buckets:
+                self.admission.drop("too_many_series")  # every bucket is a series of ours
+                continue
+            bounds = tuple(sorted(bucket))
+            if not bounds or not math.isinf(bounds[-1]):
+                raise PageError("parse", f"histogram {hrole} has no +Inf bucket")
+            counts = tuple(bucket[b] for b in bounds)
+            count = self.hist_count.get((key, hrole), counts[-1])
+            self.series[key].histograms[hrole] = Histogram(
+                bounds, counts, self.hist_sum.get((key, hrole), 0.0), count)
 
-    for key, modes in realtime.items():
-        values = series.setdefault(key, SeriesValues())
-        cached = modes.get(schemas.SGLANG_MODE_CACHED)
-        computed = modes.get(schemas.SGLANG_MODE_COMPUTED)
-        if cached is not None and computed is not None and "hits" not in values.counters:
-            values.counters["hits"] = cached
-            values.counters["queries"] = cached + computed
+    def realtime_hits(self) -> None:
+        """SGLang's realtime tokens by mode as hits and queries, where no counter gave them."""
+        for key, modes in self.realtime.items():
+            values = self.series.setdefault(key, SeriesValues())
+            cached = modes.get(schemas.SGLANG_MODE_CACHED)
+            computed = modes.get(schemas.SGLANG_MODE_COMPUTED)
+            if cached is not None and computed is not None and "hits" not in values.counters:
+                values.counters["hits"] = cached
+                values.counters["queries"] = cached + computed
 
-    for key, values in series.items():
-        values.cache_info = cache_info.get(key[1], {})
-        if tier_reader is not None:
-            tier_reader.fill(key, values)
-    return Snapshot(schema, series)
+    def snapshot(self) -> Snapshot:
+        """The page's series, each with its engine's cache info and its tiers."""
+        for key, values in self.series.items():
+            values.cache_info = self.cache_info.get(key[1], {})
+            if (self.schema.server == "sglang" and "queries" in values.counters
+                    and "hits" not in values.counters
+                    and (self.tiers is None or key not in self.tiers.sources)):
+                # SGLang makes a cached-tokens child at a model's first cached token: none yet.
+                values.counters["hits"] = 0.0
+            if self.tiers is not None:
+                self.tiers.fill(key, values)
+        return Snapshot(self.schema, self.series)
 
 
 class _TierReader:

@@ -16,13 +16,13 @@ import threading
 import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
+from prefixwatch.core.httpreply import ReplyHandler
 from prefixwatch.core.story import Culprit, culprit_of
 from prefixwatch.core.version import __version__
 from prefixwatch.core.vocab import exposition, schemas, settings
@@ -32,12 +32,12 @@ from prefixwatch.exporter.charts import ChartCache
 from prefixwatch.exporter.collector import DiagnosisState, PrefixwatchCollector
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
-from prefixwatch.exporter.http import BoundedHTTPServer
+from prefixwatch.exporter.http import READ_TIMEOUT, BoundedHTTPServer
 from prefixwatch.exporter.kvsubscriber import KvEvents
 from prefixwatch.exporter.kvsubscriber.kinds import recent_divergences
 from prefixwatch.exporter.kvsubscriber.ledgerseries import SETTLE_SECONDS, EventLedgers
-from prefixwatch.exporter.landing import render_landing
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.landing import LandingInputs, render_landing
+from prefixwatch.exporter.monitor import TargetMonitor, TargetView
 from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -71,12 +71,12 @@ class Exporter:
         self.charts = ChartCache(CACHED if config.hit_ratio_mode == settings.HIT_RATIO_EFFECTIVE
                                  else "hits")
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = PrefixwatchCollector(self.monitors, windows, self.state, self.view)
+        self.collector = PrefixwatchCollector(self.views, windows, self.state, self.view)
         if config.requests_log is not None:
             self.collector.view_model = config.requests_log.model
         self.kv = KvEvents(config, self.single_model)
         horizon = max([*windows.values(), 2 * self.diag_seconds]) + 2 * config.interval
-        self.kv_ledgers = EventLedgers(self.kv.sources, self.monitors, horizon)
+        self.kv_ledgers = EventLedgers(self.kv.sources, horizon)
         if self.kv.enabled:
             self.collector.kv_sources = self.kv.all_sources
             self.collector.kv_ledgers = self.kv_ledgers
@@ -97,6 +97,10 @@ class Exporter:
         self._busy: set[str] = set()  # targets whose poll is queued or running
         self._busy_lock = threading.Lock()
         self._started = time.monotonic()
+
+    def views(self) -> list[TargetView]:
+        """Every target as its last poll left it."""
+        return [mon.view for mon in self.monitors]
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -121,7 +125,7 @@ class Exporter:
             log.exception("diagnosis failed")
         if self.rounds == 1 and self.reader is not None:
             self.reader.start()  # after the first round: the block size is known by then
-        durations = [m.scrape_duration for m in self.monitors if m.polled]
+        durations = [v.scrape_duration for v in self.views() if v.polled]
         # Polls run side by side: a "round" takes as long as its slowest poll.
         self.collector.round_seconds = max(durations, default=time.monotonic() - started)
         for listener in self.round_listeners:
@@ -134,8 +138,7 @@ class Exporter:
         """The one model a target serves, from its last page (None: none yet, or several)."""
         for mon in self.monitors:
             if mon.name == target:
-                with mon.lock:
-                    models = set(mon.models)
+                models = set(mon.view.models)
                 return models.pop() if len(models) == 1 else None
         return None
 
@@ -146,13 +149,11 @@ class Exporter:
         at, sizes = self._pool_sizes
         if time.monotonic() - at > 1.0:
             sizes = {}
-            for mon in self.monitors:
-                with mon.lock:
-                    snap = mon.snapshot
-                    got = {v.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS)
-                           for v in snap.series.values()} if snap else set()
+            for view in self.views():
+                got = {s.values.cache_info.get(schemas.CACHE_INFO_NUM_GPU_BLOCKS)
+                       for s in view.series.values()}
                 if len(got) == 1 and (value := got.pop()) and value.isdigit():
-                    sizes[mon.name] = sizes[urlsplit(mon.target.url).netloc] = int(value)
+                    sizes[view.name] = sizes[urlsplit(view.target.url).netloc] = int(value)
             self._pool_sizes = (time.monotonic(), sizes)
         if isinstance(replica, str) and replica in sizes:
             return sizes[replica]
@@ -163,10 +164,8 @@ class Exporter:
 
     def update_diagnosis(self, now: float) -> None:
         """Recompute every target's and model's causes from the latest poll."""
-        evidence = {}
-        for mon in self.monitors:
-            with mon.lock:
-                evidence[mon.name] = evidence_for(mon, now, self.diag_seconds) if mon.up else {}
+        evidence = {view.name: evidence_for(view, now, self.diag_seconds) if view.up else {}
+                    for view in self.views()}
         models = {m for per in evidence.values() for m in per}
         requests = {}
         kinds = {}
@@ -202,7 +201,7 @@ class Exporter:
         if self.view is not None:
             wanted = self.config.requests_log.model if self.config.requests_log else None
             from_log = culprit_of(self.view.divergences(seconds))
-            models = [wanted] if wanted else sorted({m for _t, m in self.state.diagnosis.causes})
+            models = [wanted] if wanted else sorted({m for _t, m in self.state.latest().causes})
             for model in models:
                 if from_log is not None and model not in found:
                     found[model] = from_log
@@ -283,20 +282,20 @@ class Exporter:
         if before is not None:
             self._stop.wait(SETTLE_SECONDS)
         try:
-            self.kv_ledgers.after_poll(mon.name, before, time.time())
+            self.kv_ledgers.after_poll(mon.view, before, time.time())
         except Exception:
             log.exception("kv event ledger failed")
 
-    def healthy(self) -> tuple[bool, str]:
+    def healthy(self, now: float | None = None) -> tuple[bool, str]:
         """False when no target was polled (whatever the outcome) within a few intervals:
-        the polling itself is stuck, whatever ``up`` says."""
+        the polling itself is stuck, whatever ``up`` says. ``now``: time.monotonic()'s."""
         interval = self.config.interval
         slack = exposition.HEALTHZ_STALE_INTERVALS * interval + max(
             (m.target.timeout for m in self.monitors), default=0.0)
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if now - self._started < slack:
             return True, "ok"
-        last = max((m.last_polled for m in self.monitors if m.last_polled is not None),
+        last = max((v.last_polled for v in self.views() if v.last_polled is not None),
                    default=None)
         if last is None or now - last > slack:
             return False, f"no target polled in the last {slack:g}s"
@@ -349,47 +348,49 @@ class Exporter:
         while not self._stop.wait(1.0):
             pass
 
+    def landing_inputs(self) -> LandingInputs:
+        """What the landing page reads, as of now."""
+        return LandingInputs(
+            self.config, tuple(self.views()), self.state.latest(), self.diag_seconds,
+            self.charts, tuple(s.view() for s in self.kv.all_sources()), self.kv_ledgers,
+            self.view, self.state.latest_culprits())
+
     def landing_page(self) -> str:
-        return render_landing(self)
+        return render_landing(self.landing_inputs())
 
 
-def _make_handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
-    from prefixwatch.exporter.http import READ_TIMEOUT as http_timeout
+class ExporterHandler(ReplyHandler):
+    """/metrics, /healthz and the landing page of one exporter (``_make_handler`` binds it)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = f"prefixwatch/{__version__}"
-        timeout = http_timeout  # per read or write; the server adds a per-connection deadline
+    exporter: Exporter
+    server_version = f"prefixwatch/{__version__}"
+    timeout = READ_TIMEOUT  # per read or write; the server adds a per-connection deadline
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            log.debug("http: " + format, *args)
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        log.debug("http: " + format, *args)
 
-        def _send(self, status: int, body: bytes, ctype: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        exporter = self.exporter
+        if not exporter.web.allows(self.headers.get("Authorization")):
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="prefixwatch"')
+            self.send_header("Content-Length", "0")
             self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            return
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(exporter.registry), ctype)
+        elif path in ("/healthz", "/-/healthy"):
+            ok, why = exporter.healthy()
+            self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
+        elif path == "/":
+            self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
+        else:
+            self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if not exporter.web.allows(self.headers.get("Authorization")):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="prefixwatch"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            path = urlsplit(self.path).path
-            if path == "/metrics":
-                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, encoder(exporter.registry), ctype)
-            elif path in ("/healthz", "/-/healthy"):
-                ok, why = exporter.healthy()
-                self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
-            elif path == "/":
-                self._send(200, exporter.landing_page().encode(), "text/html; charset=utf-8")
-            else:
-                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+    do_HEAD = do_GET
 
-        do_HEAD = do_GET
 
-    return Handler
+def _make_handler(exporter: Exporter) -> type[ExporterHandler]:
+    return type("Handler", (ExporterHandler,), {"exporter": exporter})

@@ -9,14 +9,23 @@ from dataclasses import dataclass, field
 
 from prefixwatch.core.cache.requestledger import table as ledger_table
 from prefixwatch.core.diagnosis import RequestEvidence, diagnose, event_evidence
-from prefixwatch.core.story import Culprit, culprit_of, headline, window_words
+from prefixwatch.core.kv.eventledger import event_table
+from prefixwatch.core.story import (
+    Culprit,
+    culprit_of,
+    headline,
+    percent,
+    ratio_name,
+    window_words,
+)
 from prefixwatch.core.vocab import causes, schemas, settings, tiers
 from prefixwatch.core.vocab.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
-from prefixwatch.exporter.evidence import evidence_for
+from prefixwatch.exporter.evidence import LEDGER_NEEDS_LOG, evidence_for
 from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
+from prefixwatch.exporter.service import Exporter
 
 
 @dataclass
@@ -44,7 +53,7 @@ class StatusRow:
     tier_split: dict[str, float] | None = None
     #: The gap's figures themselves, for the fleet's ratio (summed before dividing).
     gap: WindowFigures | None = None
-    #: What varies early in this model's prompts over the gap (KV event streams), if known.
+    #: What varies early in this model's prompts over the gap, if known.
     culprit: Culprit | None = None
 
 
@@ -66,15 +75,6 @@ class FleetLine:
     targets: list[str] = field(default_factory=list)
 
 
-def tier_shares(by_tier: dict[str, float], queries: float) -> dict[str, float] | None:
-    """Each tier's share of the prompt tokens, and the recomputed rest (None: no tokens)."""
-    if not by_tier or not queries > 0:
-        return None
-    shares = {t: by_tier[t] / queries for t in tiers.TIERS}
-    shares["recomputed"] = max(1.0 - sum(shares.values()), 0.0)
-    return shares
-
-
 def collect_status(config: ExporterConfig, gap: float,
                    story: Callable[[], Story] | None = None) -> list[StatusRow]:
     """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap.
@@ -87,18 +87,21 @@ def collect_status(config: ExporterConfig, gap: float,
     for mon in monitors:
         mon.poll()
     now = time.time()
-    evidence = {mon.name: evidence_for(mon, now, gap) for mon in monitors if mon.up}
+    views = [mon.view for mon in monitors]
+    evidence = {view.name: evidence_for(view, now, gap) for view in views if view.up}
     requests, culprits = story() if story is not None else ({}, {})
     found = diagnose(evidence, requests, config.thresholds, parse_duration(config.cold_start),
                      config.hit_ratio_mode)
     rows: list[StatusRow] = []
-    for mon in monitors:
-        if not mon.up or mon.snapshot is None:
-            rows.append(StatusRow(mon.name, "-", "-", "-", error=f"{mon.reason}: {mon.last_error}"))
+    for view in views:
+        if not view.up or view.schema is None:
+            rows.append(StatusRow(view.name, "-", "-", "-",
+                                  error=f"{view.reason}: {view.last_error}"))
             continue
-        schema = mon.snapshot.schema
-        for model, figures in sorted(mon.models.items()):
-            states = mon.by_model().get(model, [])
+        schema = view.schema
+        by_model = view.by_model()
+        for model, figures in sorted(view.models.items()):
+            states = by_model.get(model, [])
             wf = figures.windows.get("gap")
             kv = [s.values.gauges["kv_usage"] for s in states if "kv_usage" in s.values.gauges]
             blocks = [s.values.block_size for s in states if s.values.block_size]
@@ -112,7 +115,7 @@ def collect_status(config: ExporterConfig, gap: float,
             pool = pools.pop() if len(pools) == 1 else None
             rows.append(StatusRow(
                 pool_blocks=int(pool) if pool and pool.isdigit() else None,
-                target=mon.name, model=model, server=schema.server, schema=schema.schema,
+                target=view.name, model=model, server=schema.server, schema=schema.schema,
                 gap_ratio=wf.hit_ratio if wf else None,
                 lifetime_ratio=lifetime,
                 queries_per_s=(wf.queries / wf.seconds) if wf and wf.seconds > 0 else None,
@@ -121,10 +124,10 @@ def collect_status(config: ExporterConfig, gap: float,
                 kv_usage=max(kv) if kv else None,
                 block_size=blocks[0] if blocks else None,
                 caching_enabled=all(enabled) if enabled else None,
-                causes=tuple(found.active(mon.name, model)),
+                causes=tuple(found.active(view.name, model)),
                 effective_ratio=wf.effective_ratio if wf else None,
                 lifetime_effective=figures.lifetime_effective,
-                tier_split=tier_shares(wf.tiers, wf.queries) if wf else None,
+                tier_split=wf.tier_shares() if wf else None,
                 gap=wf, culprit=culprits.get(model, culprits.get(ANY_MODEL)),
             ))
     return rows
@@ -137,9 +140,9 @@ def fleet_lines(rows: list[StatusRow], mode: str) -> list[FleetLine]:
     for model in sorted({r.model for r in rows if not r.error}):
         mine = [r for r in rows if r.model == model and not r.error]
         figures = [r.gap for r in mine if r.gap is not None]
-        total = WindowFigures.summed(figures) if figures else None
         device = mode == settings.HIT_RATIO_DEVICE
-        if total is not None:
+        if figures:
+            total = WindowFigures.summed(figures)
             value = total.hit_ratio if device else total.effective_ratio
         else:  # rows without their figures: one target's own ratio, else none
             value = (mine[0].gap_ratio if device else mine[0].effective_ratio
@@ -148,11 +151,6 @@ def fleet_lines(rows: list[StatusRow], mode: str) -> list[FleetLine]:
         culprit = next((r.culprit for r in mine if r.culprit is not None), None)
         out.append(FleetLine(model, value, named, culprit, [r.target for r in mine]))
     return out
-
-
-def ratio_name(mode: str) -> str:
-    """How every surface names the ratio that pages (report/model.py's ratio_label too)."""
-    return "device hit ratio" if mode == settings.HIT_RATIO_DEVICE else "effective hit ratio"
 
 
 def story_lines(rows: list[StatusRow], gap: float, mode: str) -> list[str]:
@@ -166,7 +164,7 @@ def story_lines(rows: list[StatusRow], gap: float, mode: str) -> list[str]:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.1%}"
+    return percent(None if value is not None and math.isnan(value) else value)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -216,13 +214,6 @@ def render(rows: list[StatusRow], gap: float, mode: str = settings.DEFAULT_HIT_R
     return "\n".join(lines)
 
 
-LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
-                    "eviction) needs a KV event stream (--kv-events ENDPOINT; "
-                    "kv_events per target in the config file) or a request log "
-                    "(requests_log in the config file; the exporter's --requests-log PATH): "
-                    "docs/runbooks.md#the-hit-rate-ledger.")
-
-
 def read_log(config: ExporterConfig, block_size: int | None = None,
              pool: int | None = None) -> RequestView:
     """The whole request log, read once into a request view (the audit's replay)."""
@@ -269,8 +260,6 @@ class EventLedgerStatus:
     followed from ``start`` (one poll of every target) to ``finish`` (a second one)."""
 
     def __init__(self, config: ExporterConfig) -> None:
-        from prefixwatch.exporter.service import Exporter
-
         self.exporter = Exporter(config)
         self.exporter.log_diagnosis = False  # status prints the diagnosis itself
         self.exporter.kv.start()
@@ -296,8 +285,6 @@ class EventLedgerStatus:
         return requests, exp.culprits(time.time(), time.time() - self.started)
 
     def finish(self) -> list[str]:
-        from prefixwatch.core.kv.eventledger import event_table
-
         exp = self.exporter
         try:
             if not self.polled:
@@ -306,13 +293,14 @@ class EventLedgerStatus:
                          "tokens went; docs/runbooks.md#the-hit-rate-ledger):"]
             for name, source in exp.kv.sources.items():
                 span = exp.kv_ledgers.span(name, None)
-                up, lost, _errors, snap = source.read()
+                stream = source.view()
+                snap = stream.snapshot
                 if span is None or snap is None:
                     lines.append(f"  {name}: no KV event received "
-                                 f"({'subscribed' if up else 'not connected'})")
+                                 f"({'subscribed' if stream.up else 'not connected'})")
                     continue
                 lines.append(f"  {name} ({snap.model}; {span.requests} requests, "
-                             f"{lost} messages lost):")
+                             f"{stream.lost} messages lost):")
                 lines += ["    " + line for line in event_table(span.shares, span.prompt)]
             return lines
         finally:

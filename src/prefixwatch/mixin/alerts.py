@@ -36,8 +36,9 @@ from prefixwatch.mixin.config import prom_duration
 from prefixwatch.mixin.kvrules import KVRules
 from prefixwatch.mixin.promql import Exprs, promql_regex_literal, promql_string
 
-NO_DIAGNOSIS = ("none (no prefixwatch_diagnosis is 1 for this model: a cause outside the "
-                "runbook, or the exporter is not scraped).")
+NO_DIAGNOSIS = ("none so far (no prefixwatch_diagnosis is 1 for this model: the exporter's "
+                "window does not show a cause yet, the cause is outside the runbook, or the "
+                "exporter is not scraped).")
 
 
 def render_ledger(part: str | None, share: float | None) -> str:
@@ -93,6 +94,11 @@ class Alerts(Exprs):
         minutes = int(seconds // 60)
         return "one minute" if minutes == 1 else f"{minutes} minutes"
 
+    def last(self, window: str) -> str:
+        """'the last minute', 'the last 5 minutes'."""
+        return ("the last minute" if parse_duration(window) == 60
+                else f"the last {self.span(window)}")
+
     def ago(self) -> str:
         """The baseline's span in words ('one to three hours ago')."""
         start = parse_duration(self.cfg.baseline_offset)
@@ -105,23 +111,25 @@ class Alerts(Exprs):
     def on(self, *labels: str) -> str:
         return f"on ({self.labels(*labels)})"
 
-    def below_threshold(self, series: str) -> str:
-        """`series < threshold`, with per-model thresholds and opt-outs."""
+    def below_threshold(self, series: str, share: float = 1.0) -> str:
+        """`series < threshold` (times ``share``), with per-model thresholds and opt-outs."""
         special = dict(self.cfg.models)
         excluded = promql_regex_literal(sorted(special))
         default = f'{series}{{{MODEL}!~"{excluded}"}}' if excluded else series
-        clauses = [f"{default} < {self.cfg.hit_ratio_threshold:g}"]
+        clauses = [f"{default} < {_level(self.cfg.hit_ratio_threshold, share):g}"]
         for model, override in sorted(special.items()):
             if override.disabled:
                 continue
             value = (override.threshold if override.threshold is not None
                      else self.cfg.hit_ratio_threshold)
-            clauses.append(f'{series}{{{MODEL}="{promql_string(model)}"}} < {value:g}')
+            clauses.append(f'{series}{{{MODEL}="{promql_string(model)}"}} < '
+                           f'{_level(value, share):g}')
         return clauses[0] if len(clauses) == 1 else "(" + " or ".join(clauses) + ")"
 
-    def threshold_text(self) -> str:
-        """The alerted model's threshold as a percentage (a template when models differ)."""
-        default = f"{self.cfg.hit_ratio_threshold:.0%}"
+    def threshold_text(self, share: float = 1.0) -> str:
+        """The alerted model's threshold (times ``share``) as a percentage (a template when
+        models differ)."""
+        default = f"{_level(self.cfg.hit_ratio_threshold, share):.0%}"
         special = [(m, o.threshold) for m, o in sorted(self.cfg.models.items())
                    if not o.disabled and o.threshold is not None]
         if not special:
@@ -129,7 +137,8 @@ class Alerts(Exprs):
         out = ""
         for i, (model, value) in enumerate(special):
             keyword = "if" if i == 0 else "else if"
-            out += f'{{{{ {keyword} eq $labels.model_name "{promql_string(model)}" }}}}{value:.0%}'
+            out += (f'{{{{ {keyword} eq $labels.model_name "{promql_string(model)}" }}}}'
+                    f'{_level(value, share):.0%}')
         return out + f"{{{{ else }}}}{default}{{{{ end }}}}"
 
     def enabled(self, series: str) -> str:
@@ -137,6 +146,19 @@ class Alerts(Exprs):
         if not off:
             return series
         return f'{series}{{{MODEL}!~"{promql_regex_literal(sorted(off))}"}}'
+
+    def critical_expr(self) -> str:
+        """PrefixCacheHitRateLow (critical): the short window below the threshold, and either
+        below ``critical_collapse_share`` of it (a collapse: the few samples of the short
+        window are unmistakable) or with the long window below the threshold too (a shallower
+        fall, which a short dip must not fake). The value is the short window's ratio."""
+        short, long_ = self.cfg.critical_windows
+        return (f"{self.below_threshold(self.slo(MODEL, short))}\n"
+                f"and {self.on(MODEL)} (\n"
+                f"{self.below_threshold(self.slo(MODEL, short), self.cfg.critical_collapse_share)}"
+                f"\nor {self.on(MODEL)}\n"
+                f"{self.below_threshold(self.slo(MODEL, long_))}\n)\n"
+                f"{self.guards(short)}")
 
     def guards(self, window: str) -> str:
         """Enough traffic, and not a cold cache after a restart."""
@@ -206,29 +228,28 @@ class Alerts(Exprs):
                                "runbook_url": self.cfg.runbook(anchor or name)}
         return rule
 
-    def alerts(self) -> list[dict[str, Any]]:
+    def hit_rate_alerts(self) -> list[dict[str, Any]]:
+        """The page (critical), the drift's and the regression's tickets, the outlier."""
         cfg = self.cfg
         pct = "{{ $value | humanizePercentage }}"
         model = "{{ $labels.model_name }}"
         threshold = self.threshold_text()
         short, long_ = cfg.critical_windows
-        ww = cfg.warning_window
+        ww, rw = cfg.warning_window, cfg.regression_window
         ratio = self.ratio_name
         short_pct = self.percent_of(self.slo(MODEL, short))
         warn_pct = self.percent_of(self.slo(MODEL, ww))
-        out = [
+        return [
             self.alert(
-                ALERT_LOW,
-                f"{self.below_threshold(self.slo(MODEL, short))}\n"
-                f"and {self.on(MODEL)} {self.below_threshold(self.slo(MODEL, long_))}\n"
-                f"{self.guards(long_)}",
-                cfg.critical_for, "critical",
+                ALERT_LOW, self.critical_expr(), cfg.critical_for, "critical",
                 f"Prefix-cache hit rate of {model} collapsed to {short_pct} over "
                 f"{self.span(short)}.",
-                f"The {ratio} of {model} is {short_pct} over the last {self.span(short)} and "
-                f"below {threshold} over {self.span(long_)}. Prompts are recomputed from "
-                "scratch: TTFT and GPU load go up. Usually something now changes near the top "
-                "of the prompt (a timestamp, an id, tool order)." + self.diagnosis_clause()
+                f"The {ratio} of {model} is {short_pct} over {self.last(short)}, below "
+                f"{threshold}: a collapse (below "
+                f"{self.threshold_text(cfg.critical_collapse_share)}) or a fall that "
+                f"{self.last(long_)} confirm. Prompts are recomputed from scratch: "
+                "TTFT and GPU load go up. Usually something now changes near the top of the "
+                "prompt (a timestamp, an id, tool order)." + self.diagnosis_clause()
                 + self.culprit_clause() + self.ledger_clause(),
             ),
             self.alert(
@@ -244,11 +265,11 @@ class Alerts(Exprs):
             ),
             self.alert(
                 ALERT_REGRESSION,
-                f"{self.enabled(self.slo(MODEL, ww))}\n< {self.on(MODEL)}\n"
-                f"{self.slo_baseline} - {cfg.regression_drop:g}\n{self.guards(ww)}",
+                f"{self.enabled(self.slo(MODEL, rw))}\n< {self.on(MODEL)}\n"
+                f"{self.slo_baseline} - {cfg.regression_drop:g}\n{self.guards(rw)}",
                 cfg.regression_for, "warning",
                 f"Prefix-cache hit rate of {model} regressed to {pct}.",
-                f"The {ratio} of {model} is {pct} over {self.span(ww)}, "
+                f"The {ratio} of {model} is {pct} over {self.span(rw)}, "
                 f"{cfg.regression_drop:.0%} or more below its own level {self.ago()} "
                 "(it may still be above the alert threshold). Check what was deployed."
                 + self.diagnosis_clause(),
@@ -269,6 +290,12 @@ class Alerts(Exprs):
                 + self.diagnosis_clause(),
             ),
         ]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        pct = "{{ $value | humanizePercentage }}"
+        model = "{{ $labels.model_name }}"
+        out = self.hit_rate_alerts()
         evict_extra = (f"and {self.on(MODEL, 'target')} {R_PREEMPT} > 0" if self.src.preemptions
                        else f"and {self.on(MODEL, 'target')} {R_WAITING} > 0")
         if self.src.kv_usage:
@@ -363,3 +390,8 @@ class Alerts(Exprs):
                          f"max by ({self.labels('instance', 'job')}) ({recent})")
         parts.append(f"absent({self.sel(s.queries)})")
         return "\nor\n".join(parts)
+
+
+def _level(threshold: float, share: float) -> float:
+    """A share of a threshold, without float noise in the rule text (0.7 * 0.5 is 0.35)."""
+    return round(threshold * share, 6)

@@ -40,6 +40,7 @@ from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.mixin.alerts import render_diagnosis, render_ledger
 from prefixwatch.mixin.config import MixinConfig
 from prefixwatch.mixin.kvtests import kv_cases
+from prefixwatch.mixin.pagetiming import PageTimes, page_times
 from prefixwatch.mixin.promtoolinput import (
     MODEL,
     STEP,
@@ -196,171 +197,248 @@ class Cases(TierCases):
 
     # -- the cases -----------------------------------------------------------------------------
 
+    @property
+    def busy(self) -> float:
+        """Prompt tokens per second well above the traffic floor."""
+        return max(1000, round(10 * self.cfg.min_query_tokens_per_second))
+
+    @property
+    def high(self) -> float:
+        """A healthy hit ratio well above the threshold (89% with the defaults)."""
+        return round(min(0.99, max(0.89, self.cfg.hit_ratio_threshold + 0.19)), 6)
+
+    def case(self, series: list[dict[str, str]], alerts: list[dict[str, Any]],
+             exprs: list[dict[str, Any]] | None = None, exporter_alive: bool = True) -> None:
+        """One promtool test: the series (with the exporter's liveness series, unless it is
+        gone), the alert checks and the expression checks."""
+        if self.src.target_up and exporter_alive and not any(
+                s["series"].startswith(self.src.liveness) for s in series):
+            series = [*series, {"series": self.series_name(self.src.liveness, EXPORTER_JOB),
+                                "values": "1+0x1000"}]
+        test: dict[str, Any] = {"interval": f"{STEP}s", "input_series": series,
+                                "alert_rule_test": alerts}
+        if exprs:
+            test["promql_expr_test"] = exprs
+        self.out.append(test)
+
     def tests(self) -> list[dict[str, Any]]:
+        self.out: list[dict[str, Any]] = []
+        for write in (self.collapse_case, self.fall_case, self.drift_case,
+                      self.regression_case, self.idle_case, self.trickle_case,
+                      self.restart_cases, self.dip_case, self.outlier_case,
+                      self.eviction_case, self.vanished_case, self.nothing_case,
+                      self.target_down_case, self.recording_case, self.capacity_case):
+            write()
+        self.tier_cases(self.case)
+        kv_cases(self, self.case, Phase)
+        return self.out
+
+    def paged_case(self, phases: list[Phase], start: float) -> tuple[PageTimes, list[dict]]:
+        """The page's checks on phases whose fall starts at ``start`` minutes: nothing before
+        the faster group order could fire, the page by the time the slower one does."""
+        times = page_times(self.cfg, phases, self.builder.effective)
+        assert times.earliest is not None and times.latest is not None, phases
+        return times, [self.at(ALERT_LOW, start, []),
+                       self.at(ALERT_LOW, times.earliest - STEP / 60, [])]
+
+    def collapse_case(self) -> None:
+        """1. The timestamp collapse, 89% -> 3% at 60m: critical within 75 s of the first
+        sample that shows it, nothing before; the warning path is inhibited later by
+        Alertmanager. The description names what the exporter diagnosed (and not what it did
+        not) and, with a request log, where the misses went: the ledger's largest missed part
+        (layout; pool_reach 10% against 3% achieved leaves 7% unexplained)."""
         m = {"model_name": MODEL}
-        low, regression = ALERT_LOW, ALERT_REGRESSION
-        tests: list[dict[str, Any]] = []
-        cfg = self.cfg
-        thr = cfg.hit_ratio_threshold
-        busy = max(1000, round(10 * cfg.min_query_tokens_per_second))  # well above the floor
-        cold = parse_duration(cfg.cold_start) / 60  # minutes
-
-        def case(series: list[dict[str, str]], alerts: list[dict[str, Any]],
-                 exprs: list[dict[str, Any]] | None = None, exporter_alive: bool = True) -> None:
-            if self.src.target_up and exporter_alive and not any(
-                    s["series"].startswith(self.src.liveness) for s in series):
-                series = [*series, {"series": self.series_name(self.src.liveness, EXPORTER_JOB),
-                    "values": "1+0x1000"}]
-            test: dict[str, Any] = {"interval": f"{STEP}s", "input_series": series,
-                                    "alert_rule_test": alerts}
-            if exprs:
-                test["promql_expr_test"] = exprs
-            tests.append(test)
-
-        # 1. The timestamp collapse, 89% -> 3% at 60m: critical within 2.5 minutes, nothing
-        #    before, the warning path inhibited later by Alertmanager.
-        #    The description names what the exporter diagnosed (and not what it did not).
-        collapse = [Phase(60, busy, 0.89), Phase(30, busy, 0.03)]
+        collapse = [Phase(60, self.busy, self.high), Phase(30, self.busy, 0.03)]
         diagnosed = [self.diagnosis("vllm-0:8000", "prefix_divergence", 61, 29),
                      self.diagnosis("vllm-0:8000", "eviction_pressure", 90, 0)]
-        paged = 60 + self.paged_after(0.89, 0.03)
-        #    With a request log the exporter's ledger says where the misses went: the
-        #    description names the largest missed part (layout; pool_reach 10% against 3%
-        #    achieved leaves 7% unexplained).
-        ledger = (self.ledger({"novel": 0.1, "layout": 0.8, "pool_reach": 0.1}, busy, 90)
+        ledger = (self.ledger({"novel": 0.1, "layout": 0.8, "pool_reach": 0.1}, self.busy, 90)
                   if self.builder.ledger_clause() else [])
         largest = ("layout", 0.8) if ledger else None
-        case(self.traffic(collapse) + diagnosed + ledger, [
-            self.at(low, 60, []),
-            self.at(low, 60 + parse_duration(cfg.critical_for) / 60, []),
-            self.at(low, paged, [self.expect(low, "critical", m, 0.03, ["prefix_divergence"],
-                                             largest)]),
-            self.at(regression, paged, []),
-        ], [self.fleet_sample("5m", "30m", 0.89)] + self.ledger_sums(ledger))
-        # 2. A slow drift, threshold+15% -> threshold-15% over two hours, crossing the threshold
-        #    at 60m: fires within 30m. Two-minute steps, so the 1m window at 75m30s lies inside
-        #    one step (74m-76m), and so does the one evaluation before (rule groups may run in
-        #    either order).
-        #    Steps a minute longer than the short window, checked late in step k so that window
-        #    (and the one evaluation before) lies inside it.
-        top = round(thr + 0.15, 6)
-        step = math.ceil(parse_duration(cfg.critical_short_window) / 60) + 1
+        times, quiet = self.paged_case(collapse, 60)
+        self.case(self.traffic(collapse) + diagnosed + ledger, [
+            *quiet,
+            self.at(ALERT_LOW, times.latest, [self.expect(
+                ALERT_LOW, "critical", m, times.value, ["prefix_divergence"], largest)]),
+            self.at(ALERT_REGRESSION, times.latest, []),
+        ], [self.fleet_sample("5m", "30m", self.high)] + self.ledger_sums(ledger))
+
+    def fall_case(self) -> None:
+        """1b. A fall above the collapse level, 89% -> 50%: the long window confirms it, a page
+        within 3 minutes."""
+        thr = self.cfg.hit_ratio_threshold
+        level = round(thr * self.cfg.critical_collapse_share, 6)
+        to = round(max(thr - 0.2, (thr + level) / 2), 6)
+        fall = [Phase(60, self.busy, self.high), Phase(20, self.busy, to)]
+        times, quiet = self.paged_case(fall, 60)
+        self.case(self.traffic(fall), [*quiet, self.at(ALERT_LOW, times.latest, [
+            self.expect(ALERT_LOW, "critical", {"model_name": MODEL}, times.value)])])
+
+    def drift_case(self) -> None:
+        """2. A slow drift, threshold+15% -> threshold-15% over two hours, crossing the
+        threshold at 60m: fires within 30m. Steps a minute longer than the short window,
+        checked late in step k so that window (and the one evaluation before: rule groups may
+        run in either order) lies inside it."""
+        top = round(self.cfg.hit_ratio_threshold + 0.15, 6)
+        step = math.ceil(parse_duration(self.cfg.critical_short_window) / 60) + 1
         n = math.ceil(120 / step)
-        drift = [Phase(step, busy, top - 0.30 * i / n) for i in range(n)]
+        drift = [Phase(step, self.busy, top - 0.30 * i / n) for i in range(n)]
         k = math.ceil(75 / step)
-        case(self.traffic(drift), [
-            self.at(low, 55, []),
-            self.at(low, (k + 1) * step - 0.5, [self.expect(low, "critical", m,
-                                                            top - 0.30 * k / n)]),
+        self.case(self.traffic(drift), [
+            self.at(ALERT_LOW, 55, []),
+            self.at(ALERT_LOW, (k + 1) * step - 0.5, [self.expect(
+                ALERT_LOW, "critical", {"model_name": MODEL}, top - 0.30 * k / n)]),
         ])
-        # 3. Regression above the threshold: threshold + drop + 10% for 3h, then threshold + 5%:
-        #    warning within 30m (95% -> 75% with the defaults).
-        after = round(thr + 0.05, 6)
+
+    def regression_case(self) -> None:
+        """3. Regression above the threshold: threshold + drop + 10% for 3h, then threshold +
+        5%: a ticket within 25m, none before ``regression_for`` has passed (95% -> 75% with the
+        defaults)."""
+        cfg = self.cfg
+        after = round(cfg.hit_ratio_threshold + 0.05, 6)
         before = round(min(0.99, after + cfg.regression_drop + 0.05), 6)
-        reg = [Phase(180, busy, before), Phase(40, busy, after)]
-        case(self.traffic(reg), [
-            self.at(regression, 180, []),
-            self.at(regression, 205, [self.expect(regression, "warning", m, after)]),
-            self.at(low, 215, []),
+        reg = [Phase(180, self.busy, before), Phase(40, self.busy, after)]
+        self.case(self.traffic(reg), [
+            self.at(ALERT_REGRESSION, 180, []),
+            self.at(ALERT_REGRESSION, 180 + parse_duration(cfg.regression_for) / 60, []),
+            self.at(ALERT_REGRESSION, 205, [self.expect(ALERT_REGRESSION, "warning",
+                                                        {"model_name": MODEL}, after)]),
+            self.at(ALERT_LOW, 215, []),
         ])
-        # 4. No traffic at all after a busy hour: no alert (no NaN comparisons).
-        idle = [Phase(30, busy, 0.9), Phase(60, 0, 0.0)]
-        case(self.traffic(idle), [self.at(low, 60, []), self.at(low, 89, []),
-                                  self.at(regression, 89, [])])
-        # 5. A trickle (a tenth of the traffic floor) that never hits: too small to mean anything.
-        trickle = cfg.min_query_tokens_per_second / 10
-        case(self.traffic([Phase(60, trickle, 0.0)]), [self.at(low, 30, []),
-                                                       self.at(low, 59, [])])
-        # 6. A restart: counters reset, a cold cache for half the cold start, then warm again:
-        #    quiet.
+
+    def idle_case(self) -> None:
+        """4. No traffic at all after a busy hour: no alert (no NaN comparisons)."""
+        idle = [Phase(30, self.busy, 0.9), Phase(60, 0, 0.0)]
+        self.case(self.traffic(idle), [self.at(ALERT_LOW, 60, []), self.at(ALERT_LOW, 89, []),
+                                       self.at(ALERT_REGRESSION, 89, [])])
+
+    def trickle_case(self) -> None:
+        """5. A trickle (a tenth of the traffic floor) that never hits: too small to mean
+        anything."""
+        trickle = self.cfg.min_query_tokens_per_second / 10
+        self.case(self.traffic([Phase(60, trickle, 0.0)]), [self.at(ALERT_LOW, 30, []),
+                                                            self.at(ALERT_LOW, 59, [])])
+
+    def restart_cases(self) -> None:
+        """6. A restart: counters reset, a cold cache for half the cold start, then warm again:
+        quiet. ...but a cache that stays cold after the cold-start window does fire."""
+        thr = self.cfg.hit_ratio_threshold
+        cold = parse_duration(self.cfg.cold_start) / 60  # minutes
         warm = max(0.9, round(thr + 0.1, 6))
         chill = round(min(0.2, thr / 2), 6)  # a cold cache's ratio, below the threshold
-        restart = [Phase(40, busy, warm), Phase(cold / 2, busy, chill, reset=True),
-                   Phase(30, busy, warm)]
-        case(self.traffic(restart), [self.at(low, 40 + 0.4 * cold, []),
-                                     self.at(low, 40 + 0.7 * cold, []),
-                                     self.at(low, 50 + cold / 2, [])])
-        #    ...but a cache that stays cold after the cold-start window does fire.
-        stuck = [Phase(40, busy, warm), Phase(cold + 20, busy, chill, reset=True)]
-        case(self.traffic(stuck), [
-            self.at(low, 40 + 0.8 * cold, []),
-            self.at(low, 45 + cold, [self.expect(low, "critical", m, chill)])])
-        # 7. A 90-second dip to 30 points below the threshold (40% at 70%): no page.
-        dip = [Phase(40, busy, warm), Phase(1.5, busy, max(0.0, round(thr - 0.3, 6))),
-               Phase(20, busy, warm)]
-        case(self.traffic(dip), [self.at(low, m_ / 4, []) for m_ in range(160, 200)])
-        # 8. One replica far below the fleet (90% vs 20%): outlier warning.
-        #    Causes diagnosed on several replicas are named once each, sorted.
-        lag = max(0.0, round(0.7 - 2 * cfg.outlier_gap, 6))  # below fleet - gap
-        good = self.traffic([Phase(60, busy, 0.9)], target="vllm-0:8000")
-        bad = self.traffic([Phase(60, busy, lag)], target="vllm-1:8000")
+        restart = [Phase(40, self.busy, warm), Phase(cold / 2, self.busy, chill, reset=True),
+                   Phase(30, self.busy, warm)]
+        self.case(self.traffic(restart), [self.at(ALERT_LOW, 40 + 0.4 * cold, []),
+                                          self.at(ALERT_LOW, 40 + 0.7 * cold, []),
+                                          self.at(ALERT_LOW, 50 + cold / 2, [])])
+        stuck = [Phase(40, self.busy, warm), Phase(cold + 20, self.busy, chill, reset=True)]
+        self.case(self.traffic(stuck), [
+            self.at(ALERT_LOW, 40 + 0.8 * cold, []),
+            self.at(ALERT_LOW, 45 + cold, [self.expect(ALERT_LOW, "critical",
+                                                       {"model_name": MODEL}, chill)])])
+
+    def dip_case(self) -> None:
+        """7. A 90-second dip from 89% to 30 points below the threshold (40% at 70%), or just
+        above the collapse level if that is higher: no page and no ticket, at any evaluation
+        from the dip to ten minutes after it."""
+        thr = self.cfg.hit_ratio_threshold
+        level = round(thr * self.cfg.critical_collapse_share, 6)
+        depth = round(max(0.0, thr - 0.3, level + 0.05), 6)
+        dip = [Phase(40, self.busy, self.high), Phase(1.5, self.busy, depth),
+               Phase(20, self.busy, self.high)]
+        self.case(self.traffic(dip), [self.at(name, q / 4, []) for q in range(160, 208)
+                                      for name in (ALERT_LOW, ALERT_REGRESSION)])
+
+    def outlier_case(self) -> None:
+        """8. One replica far below the fleet (90% vs 20%): outlier warning. Causes diagnosed
+        on several replicas are named once each, sorted."""
+        lag = max(0.0, round(0.7 - 2 * self.cfg.outlier_gap, 6))  # below fleet - gap
+        good = self.traffic([Phase(60, self.busy, 0.9)], target="vllm-0:8000")
+        bad = self.traffic([Phase(60, self.busy, lag)], target="vllm-1:8000")
         causes = [self.diagnosis("vllm-0:8000", "routing_spread", 5, 55),
                   self.diagnosis("vllm-1:8000", "routing_spread", 5, 55),
                   self.diagnosis("vllm-1:8000", "eviction_pressure", 5, 55)]
-        case(good + bad + causes, [
+        self.case(good + bad + causes, [
             self.at(ALERT_OUTLIER, 10, []),
             self.at(ALERT_OUTLIER, 45, [self.expect(
-                ALERT_OUTLIER, "warning", {**m, "target": "vllm-1:8000"}, lag,
+                ALERT_OUTLIER, "warning", {"model_name": MODEL, "target": "vllm-1:8000"}, lag,
                 ["eviction_pressure", "routing_spread"])]),
         ], [self.fleet_sample("15m", "45m", (0.9 + lag) / 2)])
-        # 9. A full KV pool with preemptions (or a queue, on SGLang): eviction warning.
-        if self.src.kv_usage:
-            full = 0.98 if cfg.kv_usage_high < 0.98 else (1 + cfg.kv_usage_high) / 2
-            pressure = [self.steady(self.src.kv_usage, full, 0, 60, "vllm-0:8000")]
-            if self.src.preemptions:
-                pressure.append(self.steady(self.src.preemptions, 0, 3, 60, "vllm-0:8000"))
-            else:
-                assert self.src.waiting
-                pressure.append(self.steady(self.src.waiting, 4, 0, 60, "vllm-0:8000"))
-            calm = [self.steady(self.src.kv_usage, full, 0, 60, "vllm-1:8000")]
-            case(self.traffic([Phase(60, busy, 0.5)]) + pressure + calm, [
-                self.at(ALERT_EVICTION, 5, []),
-                self.at(ALERT_EVICTION, 30, [self.expect(
-                    ALERT_EVICTION, "warning", {**m, "target": "vllm-0:8000"}, full)]),
-            ])
-        # 10. The series vanish at 30m: metrics-absent fires for the model; hit-rate alerts
-        #     cannot, which is why Alertmanager inhibits them on this alert.
-        case(self.traffic([Phase(60, busy, 0.9)], vanish_after=30), [
-            self.at(ALERT_ABSENT, 30, []),
-            self.at(ALERT_ABSENT, 40, [self.expect(ALERT_ABSENT, "warning", m, 1),
-                                       self.expect(ALERT_ABSENT, "warning", {}, 1)]),
+
+    def eviction_case(self) -> None:
+        """9. A full KV pool with preemptions (or a queue, on SGLang): eviction warning."""
+        src, cfg = self.src, self.cfg
+        if not src.kv_usage:
+            return
+        full = 0.98 if cfg.kv_usage_high < 0.98 else (1 + cfg.kv_usage_high) / 2
+        pressure = [self.steady(src.kv_usage, full, 0, 60, "vllm-0:8000")]
+        if src.preemptions:
+            pressure.append(self.steady(src.preemptions, 0, 3, 60, "vllm-0:8000"))
+        else:
+            assert src.waiting
+            pressure.append(self.steady(src.waiting, 4, 0, 60, "vllm-0:8000"))
+        calm = [self.steady(src.kv_usage, full, 0, 60, "vllm-1:8000")]
+        self.case(self.traffic([Phase(60, self.busy, 0.5)]) + pressure + calm, [
+            self.at(ALERT_EVICTION, 5, []),
+            self.at(ALERT_EVICTION, 30, [self.expect(
+                ALERT_EVICTION, "warning", {"model_name": MODEL, "target": "vllm-0:8000"},
+                full)]),
         ])
-        # 11. Nothing at all: absent() fires; and the Watchdog always fires.
-        case([{"series": 'unrelated_metric{job="other"}', "values": "1+0x100"}], [
+
+    def vanished_case(self) -> None:
+        """10. The series vanish at 30m: metrics-absent fires for the model; hit-rate alerts
+        cannot, which is why Alertmanager inhibits them on this alert."""
+        self.case(self.traffic([Phase(60, self.busy, 0.9)], vanish_after=30), [
+            self.at(ALERT_ABSENT, 30, []),
+            self.at(ALERT_ABSENT, 40, [
+                self.expect(ALERT_ABSENT, "warning", {"model_name": MODEL}, 1),
+                self.expect(ALERT_ABSENT, "warning", {}, 1)]),
+        ])
+
+    def nothing_case(self) -> None:
+        """11. Nothing at all: absent() fires; and the Watchdog always fires."""
+        self.case([{"series": 'unrelated_metric{job="other"}', "values": "1+0x100"}], [
             self.at(ALERT_ABSENT, 10, [self.expect(ALERT_ABSENT, "warning", {}, 1)]),
             self.at(ALERT_WATCHDOG, 1, [self.expect(ALERT_WATCHDOG, "none", {}, 1)]),
         ], exporter_alive=False)
-        if self.src.target_up:
-            # 12. The exporter says a target is down.
-            up = {"series": self.series_name(self.src.target_up, {
-                **EXPORTER_JOB, "target": "vllm-0:8000"}),
-                "values": "1+0x20 0+0x40"}
-            build = {"series": self.series_name(self.src.liveness, EXPORTER_JOB),
-                     "values": "1+0x60"}
-            case(self.traffic([Phase(60, busy, 0.9)]) + [up, build], [
-                self.at(ALERT_ABSENT, 6, []),
-                self.at(ALERT_ABSENT, 15, [self.expect(ALERT_ABSENT, "warning", {
-                    **EXPORTER_JOB, "target": "vllm-0:8000"}, 0)]),
-            ])
-        # 13. Recording rules: the fleet ratio sums before dividing, the baseline is offset.
+
+    def target_down_case(self) -> None:
+        """12. The exporter says a target is down."""
+        if not self.src.target_up:
+            return
+        up = {"series": self.series_name(self.src.target_up, {
+            **EXPORTER_JOB, "target": "vllm-0:8000"}), "values": "1+0x20 0+0x40"}
+        build = {"series": self.series_name(self.src.liveness, EXPORTER_JOB),
+                 "values": "1+0x60"}
+        self.case(self.traffic([Phase(60, self.busy, 0.9)]) + [up, build], [
+            self.at(ALERT_ABSENT, 6, []),
+            self.at(ALERT_ABSENT, 15, [self.expect(ALERT_ABSENT, "warning", {
+                **EXPORTER_JOB, "target": "vllm-0:8000"}, 0)]),
+        ])
+
+    def recording_case(self) -> None:
+        """13. Recording rules: the fleet ratio sums before dividing, the baseline is offset."""
+        cfg = self.cfg
         busy = self.traffic([Phase(200, 3000, 0.9)], target="vllm-0:8000")
         quiet = self.traffic([Phase(200, 1000, 0.5)], target="vllm-1:8000")
         replica = r_ratio("model_name_target", "5m")
-        case(busy + quiet, [], [
+        self.case(busy + quiet, [], [
             self.fleet_sample("1h", "150m", 0.8),
             sample(cfg.baseline(), "190m", f'{cfg.baseline()}{{model_name="{MODEL}"}}', 0.8),
             sample(replica + '{target="vllm-1:8000"}', "60m",
                    f'{replica}{{model_name="{MODEL}",target="vllm-1:8000"}}', 0.5),
         ])
-        # 14. Capacity and cost: 1000 prompt tokens/s at a 50% hit ratio, where the requests
-        #     log says 75% was achievable: 500 tokens/s saved (a share of 0.5), and 250 tokens/s
-        #     recomputed that an unlimited cache would have served.
+
+    def capacity_case(self) -> None:
+        """14. Capacity and cost: 1000 prompt tokens/s at a 50% hit ratio, where the requests
+        log says 75% was achievable: 500 tokens/s saved (a share of 0.5), and 250 tokens/s
+        recomputed that an unlimited cache would have served."""
+        src = self.src
         half = self.traffic([Phase(30, 1000, 0.5)])
         written = {x["series"].split("{")[0] for x in half}
-        if self.src.prompt_tokens and self.src.prompt_tokens != self.src.queries:
-            assert self.src.prompt_tokens_cached
-            for metric, raw in ((self.src.prompt_tokens, self.src.queries),
-                                (self.src.prompt_tokens_cached, self.src.hits)):
+        if src.prompt_tokens and src.prompt_tokens != src.queries:
+            assert src.prompt_tokens_cached
+            for metric, raw in ((src.prompt_tokens, src.queries),
+                                (src.prompt_tokens_cached, src.hits)):
                 if metric in written:
                     continue
                 values = next(x["values"] for x in half if x["series"].startswith(raw + "{"))
@@ -370,13 +448,10 @@ class Cases(TierCases):
             **EXPORTER_JOB, "model_name": MODEL, "window": "5m"}), "values": "0.75+0x120"}
         exprs = [sample(f"round({R_MISSED}, 0.001)", "20m",  # float noise
                         f'{{model_name="{MODEL}"}}', 250)]
-        if self.src.prompt_tokens and self.src.prompt_tokens_cached:
+        if src.prompt_tokens and src.prompt_tokens_cached:
             exprs.append(sample(R_SAVED_SHARE, "20m", f'{R_SAVED_SHARE}{{model_name="{MODEL}"}}',
                                 0.5))
-        case(half + [achievable], [], exprs)
-        self.tier_cases(case)
-        kv_cases(self, case, Phase)
-        return tests
+        self.case(half + [achievable], [], exprs)
 
     def document(self) -> dict[str, Any]:
         return {"rule_files": [self.rule_file], "evaluation_interval": f"{STEP}s",

@@ -22,6 +22,9 @@ from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.core.yamlfile import ConfigFile
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+#: The fewest samples (scrapes, at the evaluation interval) the critical alert's short window
+#: may rest on: four at a 15 s scrape over one minute.
+MIN_SAMPLES = 4
 _MATCHER = r'\s*[a-zA-Z_]\w*\s*(?:=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*'
 _MATCHERS = re.compile(rf"(?:{_MATCHER})(?:,(?:{_MATCHER}))*,?\s*")
 #: Labels the mixin itself aggregates by: a cluster label must be another one.
@@ -65,19 +68,26 @@ class MixinConfig:
     #: Windows of the recorded fleet hit ratios (the alerts' windows and the dashboards' 5m
     #: are recorded whatever this says).
     windows: tuple[str, ...] = rulenames.RATIO_WINDOWS
-    #: PrefixCacheHitRateLow (critical): both windows below the threshold for ``critical_for``.
-    #: The long window ignores a short dip; the short one ends the page soon after recovery.
+    #: PrefixCacheHitRateLow (critical), for ``critical_for``: the short window below
+    #: ``critical_collapse_share`` of the threshold (a collapse, unmistakable within a few
+    #: samples), or below the threshold with the long window below it too (a shallower fall,
+    #: which a short dip must not fake). The short window is the ratio the page carries and
+    #: ends the page soon after a recovery; it needs four samples (four evaluation intervals).
     critical_short_window: str = settings.CRITICAL_SHORT_WINDOW
     critical_long_window: str = settings.CRITICAL_LONG_WINDOW
     critical_for: str = settings.CRITICAL_FOR
+    critical_collapse_share: float = settings.CRITICAL_COLLAPSE_SHARE
     #: The warning-level alerts (PrefixCacheHitRateLow warning, Regression, ReplicaOutlier,
     #: TierIdle, DeviceShareLow, OffloadFailures) judge this window, recorded per model and per
     #: replica; a drift must last ``warning_for`` to open a ticket.
     warning_window: str = "15m"
     warning_for: str = "15m"
-    #: PrefixCacheHitRateRegression: how long the drop against the baseline must hold; the
-    #: baseline is the ratio over ``baseline_window`` ending ``baseline_offset`` ago.
-    regression_for: str = "10m"
+    #: PrefixCacheHitRateRegression: the model's ratio over ``regression_window`` against the
+    #: baseline (the ratio over ``baseline_window`` ending ``baseline_offset`` ago), the drop
+    #: held ``regression_for``: 5m/5m is the quickest that files no dip too short to page
+    #: (a dip to 40% under two minutes holds the 5-minute ratio under for at most 3.5).
+    regression_window: str = "5m"
+    regression_for: str = "5m"
     baseline_window: str = "2h"
     baseline_offset: str = "1h"
     #: PrefixCacheEvictionPressure: how long a full pool with preemptions must last.
@@ -123,7 +133,8 @@ class MixinConfig:
     def recorded_windows(self) -> tuple[str, ...]:
         """The fleet ratio windows to record: ``windows`` plus the alerts' and the
         dashboards', by length."""
-        return _by_length({*self.windows, *self.critical_windows, *self.target_windows})
+        return _by_length({*self.windows, *self.critical_windows, self.regression_window,
+                           *self.target_windows})
 
     @property
     def target_windows(self) -> tuple[str, ...]:
@@ -275,16 +286,25 @@ def _dashboards(value: Any, cf: ConfigFile) -> DashboardSettings:
 
 def _check(cfg: MixinConfig, cf: ConfigFile) -> None:
     for name in ("hit_ratio_threshold", "regression_drop", "outlier_gap", "kv_usage_high",
-                 "offload_failure_share"):
+                 "offload_failure_share", "critical_collapse_share"):
         settings.check_share(name, getattr(cfg, name), cf.where(name))
     for name in ("cold_start", "evaluation_interval", "critical_short_window",
                  "critical_long_window", "critical_for", "warning_window", "warning_for",
-                 "regression_for", "baseline_window", "baseline_offset", "eviction_for",
-                 "tier_for", "kv_window", "kv_for"):
+                 "regression_window", "regression_for", "baseline_window", "baseline_offset",
+                 "eviction_for", "tier_for", "kv_window", "kv_for"):
         settings.check_duration(name, getattr(cfg, name), cf.where(name))
     if parse_duration(cfg.critical_short_window) >= parse_duration(cfg.critical_long_window):
         raise ConfigError(f"{cf.where('critical_short_window')}: critical_short_window must be "
                           "shorter than critical_long_window")
+    interval = parse_duration(cfg.evaluation_interval)
+    if parse_duration(cfg.critical_short_window) < MIN_SAMPLES * interval:
+        key = "critical_short_window" if "critical_short_window" in cf.data else (
+            "evaluation_interval")
+        raise ConfigError(
+            f"{cf.where(key)}: critical_short_window must hold at least "
+            f"{MIN_SAMPLES} evaluation intervals ({prom_duration(MIN_SAMPLES * interval)} at "
+            f"evaluation_interval {cfg.evaluation_interval}): a shorter rate() rests on too few "
+            "scrapes to page on")
     settings.check_hit_ratio_mode(cfg.hit_ratio, cf.where(settings.HIT_RATIO_KEY))
     for name in ("time_scale", "min_query_tokens_per_second", "block_size", "page_size"):
         value = getattr(cfg, name)

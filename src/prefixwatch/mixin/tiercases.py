@@ -1,9 +1,8 @@
-"""The promtool cases of a second cache tier, and the time a collapse takes to page: part of
-alerttests.Cases (they read its series helpers and config)."""
+"""The promtool cases of a second cache tier: part of alerttests.Cases (they read its series
+helpers and config)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from prefixwatch.core.vocab.rulenames import (
@@ -18,21 +17,11 @@ from prefixwatch.core.vocab.rulenames import (
     r_offload_failed,
 )
 from prefixwatch.core.vocab.tiers import TIER_HOST
-from prefixwatch.core.vocab.windows import parse_duration
+from prefixwatch.mixin.pagetiming import page_times
 from prefixwatch.mixin.promtoolinput import MODEL, STEP, Phase, sample
 
 
 class TierCases:
-    def paged_after(self, before: float, after: float) -> float:
-        """Minutes from a collapse (before -> after) to the critical page: the long window's
-        ratio crosses the threshold once a share (before - thr) / (before - after) of its
-        samples is new, then ``critical_for``, then up to one evaluation for the rule order."""
-        cfg = self.cfg
-        long_s = parse_duration(cfg.critical_long_window)
-        share = (before - cfg.hit_ratio_threshold) / (before - after)
-        crossed = math.ceil(share * long_s / STEP + 1e-9) * STEP
-        return (crossed + parse_duration(cfg.critical_for) + STEP) / 60
-
     def tier_cases(self, case: Any) -> None:
         """A second tier: it rescues the fleet (no page on the effective ratio), both tiers
         collapse (a page as fast as a device collapse), it serves nothing (TierIdle), HBM is
@@ -57,14 +46,15 @@ class TierCases:
             sample(f'round({r_cached(MODEL_TIER, "5m")}{{tier="{TIER_HOST}"}}, 0.001)',
                    "15m", f'{{model_name="{MODEL}",tier="{TIER_HOST}"}}',
                    round(busy * host_part, 3))])
-        # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical within 2.5 minutes.
+        # 16. Both tiers collapse at 60m (42% + 46% -> 2% + 1%): critical as fast as a device
+        #     collapse (within 75 s of its first sample).
         both = [Phase(60, busy, device_part, host=host_part), Phase(20, busy, 0.02, host=0.01)]
-        before = device_part + (host_part if effective else 0.0)
-        paged = 60 + self.paged_after(before, 0.03 if effective else 0.02)
         if effective:
+            times = page_times(cfg, both)
             case(self.traffic(both), [
                 self.at(low, 60, []),
-                self.at(low, paged, [self.expect(low, "critical", m, 0.03)])])
+                self.at(low, times.earliest - STEP / 60, []),
+                self.at(low, times.latest, [self.expect(low, "critical", m, times.value)])])
         # 17. A host tier that stores (connector lookups, HiCache backups) and serves nothing
         #     while the device pool misses 60%: TierIdle after 15m of data and 30m of `for`.
         idle = [Phase(60, busy, 0.4, host=0.0)]

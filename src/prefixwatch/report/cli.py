@@ -95,7 +95,7 @@ class Paging:
     time_scale: float
 
 
-def run_report(args: argparse.Namespace, paging: Paging) -> int:
+def report_on_paging(args: argparse.Namespace, paging: Paging) -> int:
     """Write the report on the series that page."""
     start, end = time_range(args)
     if end <= start:

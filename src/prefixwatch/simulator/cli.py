@@ -16,7 +16,7 @@ from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.logfile import RotatingFile
 from prefixwatch.simulator.requestlog import RequestLogger
-from prefixwatch.simulator.scenarios import describe
+from prefixwatch.simulator.scenarios import Scenario, describe
 from prefixwatch.simulator.server import Replica, ReplicaServer
 
 log = logging.getLogger("prefixwatch.simulate")
@@ -52,14 +52,20 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--routing", choices=["round-robin", "prefix-affinity"],
                    help="how the workload spreads over replicas (default: the scenario's)")
     p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
-                   help="metric names to serve (default vllm)")
+                   help="the engine each replica stands in for: vllm (vLLM V1's block cache, "
+                        "metrics and KV events) or sglang (SGLang's radix cache, metrics and "
+                        "KV events) (default vllm)")
+    p.add_argument("--page-size", type=int, default=defaults.page_size, metavar="N",
+                   help="with --engine sglang: tokens per page SGLang's radix cache matches "
+                        f"and stores by, as SGLang's --page-size (default {defaults.page_size})")
     p.add_argument("--model", default=defaults.model, metavar="NAME",
                    help=f"model name (default {defaults.model})")
     p.add_argument("--block-size", type=int, default=defaults.block_size, metavar="N",
                    help=f"tokens per KV block (default {defaults.block_size})")
     p.add_argument("--kv-blocks", type=int, metavar="N",
                    help=f"KV pool size per replica in blocks (default: the scenario's, "
-                        f"else {defaults.num_blocks})")
+                        f"else {defaults.num_blocks}; SGLang's pool holds the same tokens, "
+                        f"N x --block-size)")
     p.add_argument("--offload-blocks", type=int, metavar="N",
                    help="give each replica a host (CPU) KV tier of N blocks, as vLLM's "
                         "SimpleCPUOffloadConnector (SGLang: HiCache host pool); default: the "
@@ -91,8 +97,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                    help="rotate the --request-log FILE to FILE.1 when it reaches MB megabytes "
                         "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
     p.add_argument("--kv-events-port", type=int, metavar="N",
-                   help="publish vLLM's KV cache event stream (ZMQ PUB, vLLM 0.33's wire "
-                        "format): replica i binds tcp://HOST:N+i, as `vllm serve "
+                   help="publish the engine's KV cache event stream (ZMQ PUB, vLLM 0.33's "
+                        "wire format, or SGLang's with --engine sglang): replica i binds "
+                        "tcp://HOST:N+i, as `vllm serve "
                         "--kv-events-config '{\"enable_kv_cache_events\": true, \"publisher\": "
                         "\"zmq\", \"endpoint\": \"tcp://*:N\"}'` does (0 = free ports; "
                         "default: off)")
@@ -159,6 +166,32 @@ class Simulation:
 
 def build_simulation(args: argparse.Namespace) -> Simulation:
     """Validate the simulate flags and bind every replica's port; ConfigError on bad input."""
+    scenario, switch_to = _scenarios(args)
+    replicas_n = _replica_count(args, scenario, switch_to)
+    config = _engine_config(args, scenario)
+    log_stream, request_log = _open_request_log(args)
+    kv_events = _kv_events_options(args, replicas_n)
+    adapters = tuple(sorted(set(scenario.lora_modules) | set(
+        switch_to.lora_modules if switch_to else ())))
+    servers = _bind_replicas(args, config, replicas_n, adapters, request_log, kv_events,
+                             log_stream)
+    driver = None
+    if args.rate > 0:
+        driver = Driver([s.replica for s in servers], scenario, args.rate, seed=args.seed,
+                        switch_at=args.switch_at, switch_to=switch_to, routing=args.routing,
+                        restart_at=args.restart_at)
+    _log_serving(args, servers, config)
+    if driver is not None:
+        log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
+                 replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
+                 if switch_to else "")
+    else:
+        log.info("no built-in workload (--rate 0): serving only")
+    return Simulation(servers, driver, log_stream)
+
+
+def _scenarios(args: argparse.Namespace) -> tuple[Scenario, Scenario | None]:
+    """The scenario to run and the one to switch to (None: no switch)."""
     try:
         scenario = get_scenario(args.scenario)
         switch_to = get_scenario(args.switch_to) if args.switch_to else None
@@ -166,14 +199,31 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
         raise ConfigError(exc.args[0]) from None
     if (args.switch_at is None) != (switch_to is None):
         raise ConfigError("--switch-at and --switch-to go together")
+    return scenario, switch_to
+
+
+def _replica_count(args: argparse.Namespace, scenario: Scenario,
+                   switch_to: Scenario | None) -> int:
+    """--replicas, else as many as either scenario needs; their ports must fit."""
     replicas_n = args.replicas or max(scenario.replicas, switch_to.replicas if switch_to else 1)
     if replicas_n < 1 or replicas_n > 64:
         raise ConfigError("--replicas must be between 1 and 64")
     if not 0 <= args.port < 65536 or args.port + replicas_n - 1 >= 65536:
         raise ConfigError("--port is out of range")
+    return replicas_n
+
+
+def _engine_config(args: argparse.Namespace, scenario: Scenario) -> EngineConfig:
+    """Each replica's engine: the flags, else the scenario's pool sizes, else the defaults."""
     num_blocks = args.kv_blocks or scenario.num_blocks or EngineConfig().num_blocks
     if args.block_size < 1 or num_blocks < 2:
         raise ConfigError("--block-size must be >= 1 and --kv-blocks >= 2")
+    page_size = getattr(args, "page_size", 1)
+    if page_size < 1 or page_size > num_blocks * args.block_size:
+        raise ConfigError("--page-size must be >= 1 and fit the KV pool")
+    if page_size != 1 and args.engine != "sglang":
+        raise ConfigError("--page-size is SGLang's: give it with --engine sglang (vLLM's "
+                          "unit is --block-size)")
     offload_blocks = (args.offload_blocks if args.offload_blocks is not None
                       else scenario.offload_blocks or 0)
     if offload_blocks < 0:
@@ -184,26 +234,38 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         time_per_output_token=args.time_per_output_token,
         kv_cache_metrics=args.kv_cache_metrics,
-        kv_cache_metrics_sample=args.kv_cache_metrics_sample, offload_blocks=offload_blocks)
+        kv_cache_metrics_sample=args.kv_cache_metrics_sample, offload_blocks=offload_blocks,
+        page_size=page_size)
     if not 0 <= args.kv_cache_metrics_sample <= 1:
         raise ConfigError("--kv-cache-metrics-sample must be between 0 and 1")
-    log_stream: IO[str] | RotatingFile | None = None
-    request_log = None
-    if args.request_log:
-        max_bytes = int(args.request_log_max_mb * 1024 * 1024)
-        try:
-            if args.request_log == "-":
-                log_stream = sys.stdout
-            elif max_bytes:
-                log_stream = RotatingFile(args.request_log, max_bytes)
-            else:
-                log_stream = open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115
-        except OSError as exc:
-            raise ConfigError(f"cannot open {args.request_log}: {exc.strerror}") from exc
-        request_log = RequestLogger(log_stream, args.max_log_len)  # type: ignore[arg-type]
-    kv_events = _kv_events_options(args, replicas_n)
-    adapters = tuple(sorted(set(scenario.lora_modules) | set(
-        switch_to.lora_modules if switch_to else ())))
+    return config
+
+
+def _open_request_log(args: argparse.Namespace
+                      ) -> tuple[IO[str] | RotatingFile | None, RequestLogger | None]:
+    """(the stream, the logger) of --request-log; (None, None) without it."""
+    if not args.request_log:
+        return None, None
+    max_bytes = int(args.request_log_max_mb * 1024 * 1024)
+    log_stream: IO[str] | RotatingFile
+    try:
+        if args.request_log == "-":
+            log_stream = sys.stdout
+        elif max_bytes:
+            log_stream = RotatingFile(args.request_log, max_bytes)
+        else:
+            log_stream = open(args.request_log, "a", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise ConfigError(f"cannot open {args.request_log}: {exc.strerror}") from exc
+    return log_stream, RequestLogger(log_stream, args.max_log_len)  # type: ignore[arg-type]
+
+
+def _bind_replicas(args: argparse.Namespace, config: EngineConfig, replicas_n: int,
+                   adapters: tuple[str, ...], request_log: RequestLogger | None,
+                   kv_events: KVEventsOptions | None,
+                   log_stream: IO[str] | RotatingFile | None) -> list[ReplicaServer]:
+    """Every replica bound to its port; on a failure, what was bound (and the log) is
+    closed and the error is a ConfigError."""
     servers: list[ReplicaServer] = []
     replica = None
     try:
@@ -218,11 +280,12 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
             replica.close()
         Simulation(servers, None, log_stream).stop()  # closes what was bound, and the log
         raise ConfigError(str(exc.strerror or exc)) from exc
-    driver = None
-    if args.rate > 0:
-        driver = Driver([s.replica for s in servers], scenario, args.rate, seed=args.seed,
-                        switch_at=args.switch_at, switch_to=switch_to, routing=args.routing,
-                        restart_at=args.restart_at)
+    return servers
+
+
+def _log_serving(args: argparse.Namespace, servers: list[ReplicaServer],
+                 config: EngineConfig) -> None:
+    """Where each replica serves, and where it publishes its KV events."""
     for s in servers:
         log.info("replica %d (%s, %s) on http://%s:%d  (/metrics, /v1/chat/completions, "
                  "/v1/completions, /tokenize)", s.replica.index, args.engine, config.model,
@@ -233,13 +296,6 @@ def build_simulation(args: argparse.Namespace) -> Simulation:
                      publisher.endpoint, args.kv_events_topic,
                      f", replay on {publisher.replay_endpoint}"
                      if publisher.replay_endpoint else "")
-    if driver is not None:
-        log.info("workload %s at %g req/s over %d replica(s)%s", scenario.name, args.rate,
-                 replicas_n, f"; switching to {switch_to.name} after {args.switch_at:g}s"
-                 if switch_to else "")
-    else:
-        log.info("no built-in workload (--rate 0): serving only")
-    return Simulation(servers, driver, log_stream)
 
 
 def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptions | None:

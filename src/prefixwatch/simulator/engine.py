@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prefixwatch.core.cache.blockcache import BlockPool, Node, Residency
 from prefixwatch.simulator.kvpublisher import KVEvents
@@ -43,6 +44,8 @@ class EngineConfig:
     kv_cache_metrics_sample: float = 0.01
     #: Host (CPU) tier per replica in blocks, as vLLM's SimpleCPUOffloadConnector; 0 = none.
     offload_blocks: int = 0
+    #: SGLang's --page-size (the SGLang engine's matching granularity; vLLM's is block_size).
+    page_size: int = 1
 
 
 @dataclass
@@ -59,6 +62,11 @@ class SimRequest:
     cached_tokens: int = 0  # every tier, as the OpenAI usage field reports it
     external_cached_tokens: int = 0  # of which loaded from the host tier
     num_preemptions: int = 0
+    #: SGLang's radix cache: the node the request references, the tokens of its sequence the
+    #: tree holds (matched or inserted), the slots it holds outside the tree.
+    radix_node: Any = None
+    radix_inserted: int = 0
+    radix_held: int = 0
     #: Output tokens the metrics have counted (vLLM counts them per step, as sampled).
     counted_output: int = 0
     scheduled_at: float | None = None
@@ -141,10 +149,7 @@ class Engine:
                 f"This model's maximum context length is {self.config.max_model_len} tokens. "
                 f"However, you requested {len(prompt) + max_tokens} tokens "
                 f"({len(prompt)} in the messages, {max_tokens} in the completion).")
-        needed = math.ceil((len(prompt) + max_tokens) / self.config.block_size)
-        if needed > self.pool.usable_blocks:
-            raise ValueError(f"the request needs {needed} KV blocks; the pool has "
-                             f"{self.pool.usable_blocks}")
+        self._check_fits(len(prompt) + max_tokens)
         req = SimRequest(request_id or f"cmpl-{next(self._ids)}", list(prompt), max_tokens,
                          extra_keys, arrival=self.clock())
         with self.lock:
@@ -152,6 +157,13 @@ class Engine:
                 raise OverflowError("too many waiting requests")
             self.waiting.append(req)
         return req
+
+    def _check_fits(self, tokens: int) -> None:
+        """ValueError when a request of ``tokens`` could never fit the KV pool."""
+        needed = math.ceil(tokens / self.config.block_size)
+        if needed > self.pool.usable_blocks:
+            raise ValueError(f"the request needs {needed} KV blocks; the pool has "
+                             f"{self.pool.usable_blocks}")
 
     # -- scheduling ----------------------------------------------------------------------------
 
@@ -277,13 +289,17 @@ class Engine:
 
     def _finish(self, req: SimRequest, at: float, reason: str) -> None:
         self.running.remove(req)
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self._free(req)
         req.finished_at = at
         req.finish_reason = reason
         self.stats.generation_tokens += len(req.output)
         self.stats.emit("finished", req)
         req.done.set()
+
+    def _free(self, req: SimRequest) -> None:
+        """A finished request's KV: its blocks go back to the pool (cached ones stay cached)."""
+        self.pool.release(req.blocks)
+        req.blocks = []
 
     # -- operations ----------------------------------------------------------------------------
 

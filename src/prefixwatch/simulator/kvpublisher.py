@@ -179,8 +179,10 @@ class KVEventPublisher:
     def __init__(self, endpoint: str, topic: str = "", replay_endpoint: str | None = None,
                  hwm: int = DEFAULT_HWM, buffer_steps: int = DEFAULT_BUFFER_STEPS,
                  max_queue_size: int = DEFAULT_MAX_QUEUE, data_parallel_rank: int = 0,
-                 bind: bool | None = None) -> None:
+                 bind: bool | None = None, encode: Any = None) -> None:
         self.topic = topic.encode("utf-8")
+        #: The payload of one step's events (vLLM's batch; SGLang's for an SGLang replica).
+        self._encode = encode or encode_batch
         self.data_parallel_rank = data_parallel_rank
         self._ctx = zmq.Context.instance()
         self._queue: queue.Queue[list[KVCacheEvent] | None] = queue.Queue(max_queue_size)
@@ -261,7 +263,7 @@ class KVEventPublisher:
             self._send(events)
 
     def _send(self, events: list[KVCacheEvent]) -> None:
-        payload = encode_batch(events, data_parallel_rank=self.data_parallel_rank)
+        payload = self._encode(events, data_parallel_rank=self.data_parallel_rank)
         with self._seq_lock:
             seq = self._seq
             self._seq += 1
@@ -363,7 +365,7 @@ class KVEvents:
     """A replica's event sink and where its batches go (a ``KVEventPublisher``, or anything
     with ``publish(events)`` and ``restart()``), flushed once per engine step."""
 
-    def __init__(self, sink: KVEventSink, publisher: Any) -> None:
+    def __init__(self, sink: Any, publisher: Any) -> None:
         self.sink = sink
         self.publisher = publisher
 

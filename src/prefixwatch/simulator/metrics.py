@@ -26,12 +26,15 @@ from prefixwatch.simulator import pages
 from prefixwatch.simulator.engine import Engine, SimRequest
 
 
+def _label_names(family: pages.PageFamily) -> list[str]:
+    if family.name == pages.VLLM_CACHE_CONFIG_INFO:
+        return sorted({k for k, _ in pages.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
+    return list(family.labels) + [name for name, _ in family.preset]
+
+
 def _declare(family: pages.PageFamily, registry: CollectorRegistry,
              max_model_len: int = 32768) -> Any:
-    labels = list(family.labels) + [name for name, _ in family.preset]
-    if family.name == pages.VLLM_CACHE_CONFIG_INFO:
-        labels = sorted({k for k, _ in pages.VLLM_CACHE_CONFIG_DEFAULTS} | {"engine"})
-    kwargs: dict[str, Any] = {"labelnames": labels, "registry": registry}
+    kwargs: dict[str, Any] = {"labelnames": _label_names(family), "registry": registry}
     if family.kind == "counter":
         return Counter(family.name, family.help, **kwargs)
     if family.kind == "histogram":
@@ -63,6 +66,8 @@ class PageMetrics:
         if self.offload is not None:
             page = _with_host_tier(page, server)
         self.m: dict[str, Any] = {}
+        #: The families labelled with the engine index.
+        self._by_engine = {f.name for f in page if "engine" in _label_names(f)}
         model = engine.config.model
         for family in page:
             metric = _declare(family, self.registry, engine.config.max_model_len)
@@ -97,7 +102,7 @@ class PageMetrics:
         child = self._children.get(key)
         if child is None:
             labels = dict(self._base)
-            if "engine" in self.m[name]._labelnames:
+            if name in self._by_engine:
                 labels["engine"] = self._engine_index
             labels.update(extra)
             child = self._children[key] = self.m[name].labels(**labels)
@@ -188,20 +193,24 @@ class PageMetrics:
             self._l("vllm:kv_block_reuse_gap_seconds").observe(gap)
 
     def _sglang_event(self, event: str, req: SimRequest) -> None:
-        self._generated(req, "sglang:generation_tokens")
+        """SGLang's scheduler sets the hit-rate gauge per prefill batch; its tokenizer manager
+        counts a request's prompt, generated and cached tokens (by source, a source only when
+        it served some) when the request finishes."""
         if event == "scheduled" and req.num_preemptions == 0:
-            self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
-            device = req.cached_tokens - req.external_cached_tokens
-            if device > 0:  # SGLang increments a source only when it served tokens
-                self._l("sglang:cached_tokens", cache_source="device").inc(device)
-            if req.external_cached_tokens > 0:
-                self._l("sglang:cached_tokens", cache_source="host").inc(
-                    req.external_cached_tokens)
             self._l("sglang:cache_hit_rate").set(self.engine.stats.last_batch_hit_rate)
             if req.first_token_at is not None:
                 self._l("sglang:time_to_first_token_seconds").observe(
                     req.first_token_at - req.arrival)
         elif event == "finished":
+            self._l("sglang:prompt_tokens").inc(req.num_prompt_tokens)
+            self._l("sglang:generation_tokens").inc(len(req.output))
+            req.counted_output = len(req.output)
+            device = req.cached_tokens - req.external_cached_tokens
+            if device > 0:
+                self._l("sglang:cached_tokens", cache_source="device").inc(device)
+            if req.external_cached_tokens > 0:
+                self._l("sglang:cached_tokens", cache_source="host").inc(
+                    req.external_cached_tokens)
             self._l("sglang:num_requests").inc()
 
     # -- the page ------------------------------------------------------------------------------
@@ -218,7 +227,7 @@ class PageMetrics:
         else:
             self._l("sglang:num_running_reqs").set(running)
             self._l("sglang:num_queue_reqs").set(waiting)
-            self._l("sglang:token_usage").set(usage)
+            self._l("sglang:token_usage").set(round(usage, 2))  # SGLang rounds it
         if self.offload is not None:
             self._refresh_host_tier()
 
@@ -229,9 +238,12 @@ class PageMetrics:
         with eng.lock:
             loads, stores, evicted = tier.load_blocks, tier.stored_blocks, eng.pool.evictions
             used, pending, held = tier.used_blocks, tier.pending_store_blocks, tier.held_blocks
+            cache = getattr(eng, "cache", None)  # SGLang's radix cache counts in tokens
+            if cache is not None:
+                evicted = cache.evicted_tokens // tier.block_size
         seen_loads, seen_stores, seen_evicted = self._offload_seen
         self._offload_seen = (loads, stores, evicted)
-        bs = eng.config.block_size
+        bs = tier.block_size
         if self.server == "vllm":
             if loads > seen_loads:
                 self._l("vllm:simple_kv_offload_load_blocks").inc(loads - seen_loads)

@@ -7,6 +7,7 @@ the one thing the scenario is about changes, so its effect on the hit rate is th
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
 from collections.abc import Callable
@@ -227,6 +228,51 @@ def _lora(rng: random.Random, c: Corpus, now: datetime) -> Work:
                 route_key=adapter)
 
 
+#: SGLang's manual measures one 2,999-token prompt in three layouts (median cached tokens
+#: 2998, 5 and 2985): the same prompt every time, a random id after its first 5 tokens, and the
+#: same id after its first 2,985 tokens.
+LAYOUT_PROMPT_TOKENS = 2999
+LAYOUT_HEAD_TOKENS = 5
+LAYOUT_TAIL_AT = 2985
+LAYOUTS = ("same-prompt", "id-at-start", "id-at-end")
+
+
+def _layout_words(count: int, start: int = 0) -> str:
+    """``count`` tokens of fixed text (one word a token with the simulator's tokenizer)."""
+    words = ("policy", "order", "refund", "invoice", "shipping", "account", "warranty",
+             "address", "payment", "delivery", "return", "status", "customer", "record")
+    return "".join(" " + words[(start + i) % len(words)] for i in range(count))
+
+
+def _random_id(rng: random.Random) -> str:
+    """One token that no other request has: a run of letters the tokenizer keeps whole."""
+    return " " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(16))
+
+
+def layout_prompt(layout: str, rng: random.Random) -> str:
+    """The manual's prompt in one layout: 2,999 tokens with the begin-of-text token."""
+    head = "You are agent id"  # with the begin-of-text token: the 5 tokens before the id
+    body = LAYOUT_PROMPT_TOKENS - LAYOUT_HEAD_TOKENS
+    if layout == "same-prompt":
+        return head + _layout_words(body)
+    if layout == "id-at-start":
+        return head + _random_id(rng) + _layout_words(body - 1)
+    if layout == "id-at-end":
+        before = LAYOUT_TAIL_AT - LAYOUT_HEAD_TOKENS
+        return head + _layout_words(before) + _random_id(rng) + _layout_words(
+            body - before - 1, start=before)
+    raise ValueError(f"no layout {layout!r}")
+
+
+def _three_layouts() -> Maker:
+    turn = itertools.count()
+
+    def make(rng: random.Random, c: Corpus, now: datetime) -> Work:
+        layout = LAYOUTS[next(turn) % len(LAYOUTS)]
+        return Work({"prompt": layout_prompt(layout, rng), "max_tokens": 8}, route_key=layout)
+    return make
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("static-system-prompt", "Healthy baseline: the same long system prompt, tools and "
              "few-shots on every request; only the user turn varies.", "none", _static,
@@ -274,6 +320,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "stored to host memory and none is ever asked for again, while the device pool "
              "misses almost everything.", "a second tier that stores but serves nothing",
              _timestamp_top, offload_blocks=8192, expected_hit_rate="~1% device, ~0% host"),
+    Scenario("three-layouts", "SGLang's manual table: one 2,999-token prompt in turn the same "
+             "every time, with a random id after its first 5 tokens, and with it after its "
+             "first 2,985 (run with --engine sglang: median cached tokens 2998, 5 and 2985).",
+             "a per-request value near the top", _three_layouts(),
+             expected_hit_rate="~66% (2998 + 5 + 2985 of 3 x 2999 tokens)"),
 )}
 
 

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from prefixwatch.core.httpreply import ReplyHandler
 from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
 from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
 from prefixwatch.simulator.kvpublisher import (
@@ -25,6 +26,8 @@ from prefixwatch.simulator.kvpublisher import (
 )
 from prefixwatch.simulator.metrics import PageMetrics
 from prefixwatch.simulator.requestlog import RequestLogger
+from prefixwatch.simulator.sglangengine import SGLangEngine
+from prefixwatch.simulator.sglangevents import SGLangEventSink, encode_sglang_batch
 
 log = logging.getLogger("prefixwatch.simulate")
 
@@ -56,7 +59,7 @@ class Replica:
         self.request_log = request_log
         #: How a fleet log names this replica.
         self.name = f"replica-{index}"
-        self.engine = Engine(config)
+        self.engine = SGLangEngine(config) if server == "sglang" else Engine(config)
         self.engine.set_answer_vocabulary(self.tokenizer.answer_ids)
         self.metrics = PageMetrics(self.engine, server)
         self._thread = EngineThread(self.engine)
@@ -67,10 +70,12 @@ class Replica:
             self.kv_publisher = KVEventPublisher(
                 offset_endpoint(kv_events.endpoint, index), topic=kv_events.topic,
                 replay_endpoint=(offset_endpoint(kv_events.replay_endpoint, index)
-                                 if kv_events.replay_endpoint else None), bind=True)
+                                 if kv_events.replay_endpoint else None), bind=True,
+                encode=encode_sglang_batch if server == "sglang" else None)
             lora_ids = {name: i + 1 for i, name in enumerate(self.lora_modules)}
-            self.engine.attach_kv_events(KVEvents(
-                KVEventSink(config.block_size, lora_ids=lora_ids), self.kv_publisher))
+            sink = (SGLangEventSink() if server == "sglang"
+                    else KVEventSink(config.block_size, lora_ids=lora_ids))
+            self.engine.attach_kv_events(KVEvents(sink, self.kv_publisher))
 
     def start(self) -> None:
         if self.kv_publisher is not None:
@@ -158,169 +163,171 @@ def _wait(req: SimRequest) -> None:
         raise BadRequest(req.error, 503)
 
 
-def _usage(req: SimRequest) -> dict[str, Any]:
+def _usage(req: SimRequest, server: str = "vllm") -> dict[str, Any]:
+    details: dict[str, int] | None = {"cached_tokens": req.cached_tokens}
+    if server == "sglang" and not req.cached_tokens:
+        details = None  # SGLang (--enable-cache-report) leaves the details out at 0
     return {
         "prompt_tokens": req.num_prompt_tokens,
         "completion_tokens": len(req.output),
         "total_tokens": req.num_prompt_tokens + len(req.output),
-        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+        "prompt_tokens_details": details,
     }
 
 
-def make_handler(replica: Replica) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "prefixwatch-simulator"
-        protocol_version = "HTTP/1.1"
-        timeout = REQUEST_TIMEOUT  # per read: a stalled client frees its thread
+class ReplicaHandler(ReplyHandler):
+    """vLLM's routes on one replica (``make_handler`` binds the replica)."""
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            log.debug("replica %d: " + format, replica.index, *args)
+    replica: Replica
+    server_version = "prefixwatch-simulator"
+    protocol_version = "HTTP/1.1"
+    timeout = REQUEST_TIMEOUT  # per read: a stalled client frees its thread
 
-        def _send(self, status: int, payload: Any, ctype: str = "application/json") -> None:
-            body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        log.debug("replica %d: " + format, self.replica.index, *args)
 
-        def _error(self, status: int, message: str) -> None:
-            kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
-                    413: "RequestTooLarge", 503: "ServiceUnavailable",
-                    504: "Timeout"}.get(status, "Error")
-            self._send(status, {"error": {"message": message, "type": kind, "param": None,
-                                          "code": status}})
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
 
-        def do_GET(self) -> None:  # noqa: N802
-            path = urlsplit(self.path).path
-            if path == "/metrics":
-                self._send(200, replica.metrics.render(), CONTENT_TYPE_LATEST)
-            elif path in ("/health", "/ping"):
-                self._send(200, b"", "application/json")
-            elif path == "/v1/models":
-                base, adapters = replica.config.model, replica.lora_modules
-                self._send(200, {"object": "list", "data": [
-                    {"id": name, "object": "model", "created": int(replica.started_at),
-                     "owned_by": "vllm", "root": name, "parent": parent,
-                     "max_model_len": replica.config.max_model_len}
-                    for name, parent in ((base, None), *((n, base) for n in adapters))]})
-            elif path in ("/v1/completions", "/v1/chat/completions", "/tokenize",
-                          "/detokenize"):
-                self._error(405, "Method Not Allowed")
+    def _error(self, status: int, message: str) -> None:
+        kind = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+                413: "RequestTooLarge", 503: "ServiceUnavailable",
+                504: "Timeout"}.get(status, "Error")
+        self._json(status, {"error": {"message": message, "type": kind, "param": None,
+                                      "code": status}})
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            self._send(200, self.replica.metrics.render(), CONTENT_TYPE_LATEST)
+        elif path in ("/health", "/ping"):
+            self._send(200, b"", "application/json")
+        elif path == "/v1/models":
+            base, adapters = self.replica.config.model, self.replica.lora_modules
+            self._json(200, {"object": "list", "data": [
+                {"id": name, "object": "model", "created": int(self.replica.started_at),
+                 "owned_by": "vllm", "root": name, "parent": parent,
+                 "max_model_len": self.replica.config.max_model_len}
+                for name, parent in ((base, None), *((n, base) for n in adapters))]})
+        elif path in ("/v1/completions", "/v1/chat/completions", "/tokenize",
+                      "/detokenize"):
+            self._error(405, "Method Not Allowed")
+        else:
+            self._error(404, "Not Found")
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path
+        try:
+            body = self._json_body()
+            if path == "/v1/completions":
+                self._completions(body)
+            elif path == "/v1/chat/completions":
+                self._chat(body)
+            elif path == "/tokenize":
+                self._tokenize(body)
+            elif path == "/detokenize":
+                tokens = body.get("tokens")
+                if not isinstance(tokens, list) or not all(isinstance(t, int)
+                                                           for t in tokens):
+                    raise BadRequest("tokens must be a list of integers")
+                self._json(200, {"prompt": self.replica.tokenizer.decode(tokens)})
             else:
-                self._error(404, "Not Found")
+                raise BadRequest("Not Found", 404)
+        except BadRequest as exc:
+            self._error(exc.status, str(exc))
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError,
+                RecursionError) as exc:
+            # A body of the right JSON shape but wrong types ("tools": 5) is the
+            # client's error, as in vLLM: a 400 with a JSON error, never a dropped line.
+            self._error(400, f"invalid request body: {type(exc).__name__}")
 
-        do_HEAD = do_GET
+    def _json_body(self) -> dict[str, Any]:
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise BadRequest("a JSON body with Content-Length is required")
+        if int(length) > MAX_BODY:
+            raise BadRequest("request body too large", 413)
+        try:
+            raw = self.rfile.read(int(length))
+        except TimeoutError:
+            self.close_connection = True
+            raise BadRequest("request body shorter than its Content-Length") from None
+        if len(raw) < int(length):
+            self.close_connection = True
+            raise BadRequest("request body shorter than its Content-Length")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"malformed JSON: {exc}") from exc
+        except RecursionError:
+            raise BadRequest("malformed JSON: nested too deeply") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the JSON body must be an object")
+        return body
 
-        def do_POST(self) -> None:  # noqa: N802
-            path = urlsplit(self.path).path
-            try:
-                body = self._json_body()
-                if path == "/v1/completions":
-                    self._completions(body)
-                elif path == "/v1/chat/completions":
-                    self._chat(body)
-                elif path == "/tokenize":
-                    self._tokenize(body)
-                elif path == "/detokenize":
-                    tokens = body.get("tokens")
-                    if not isinstance(tokens, list) or not all(isinstance(t, int)
-                                                               for t in tokens):
-                        raise BadRequest("tokens must be a list of integers")
-                    self._send(200, {"prompt": replica.tokenizer.decode(tokens)})
-                else:
-                    raise BadRequest("Not Found", 404)
-            except BadRequest as exc:
-                self._error(exc.status, str(exc))
-            except (TypeError, ValueError, AttributeError, KeyError, IndexError,
-                    RecursionError) as exc:
-                # A body of the right JSON shape but wrong types ("tools": 5) is the
-                # client's error, as in vLLM: a 400 with a JSON error, never a dropped line.
-                self._error(400, f"invalid request body: {type(exc).__name__}")
+    def _extra(self, body: dict[str, Any]) -> tuple | None:
+        salt = body.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise BadRequest("cache_salt must be a non-empty string")
+        return self.replica.extra_keys(body.get("model"), salt)
 
-        def _json_body(self) -> dict[str, Any]:
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                raise BadRequest("a JSON body with Content-Length is required")
-            if int(length) > MAX_BODY:
-                raise BadRequest("request body too large", 413)
-            try:
-                raw = self.rfile.read(int(length))
-            except TimeoutError:
-                self.close_connection = True
-                raise BadRequest("request body shorter than its Content-Length") from None
-            if len(raw) < int(length):
-                self.close_connection = True
-                raise BadRequest("request body shorter than its Content-Length")
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"malformed JSON: {exc}") from exc
-            except RecursionError:
-                raise BadRequest("malformed JSON: nested too deeply") from None
-            if not isinstance(body, dict):
-                raise BadRequest("the JSON body must be an object")
-            return body
+    def _completions(self, body: dict[str, Any]) -> None:
+        if "prompt" not in body:
+            raise BadRequest("'prompt' is required")
+        extra = self._extra(body)
+        prompt, text = self.replica.tokenize_prompt(body["prompt"])
+        req = self.replica.submit(prompt, _max_tokens(body), extra, text)
+        _wait(req)
+        self._json(200, {
+            "id": req.request_id, "object": "text_completion", "created": int(time.time()),
+            "model": body.get("model") or self.replica.config.model,
+            "choices": [{"index": 0, "text": self.replica.tokenizer.decode(req.output),
+                         "logprobs": None, "finish_reason": req.finish_reason,
+                         "stop_reason": None}],
+            "usage": _usage(req, self.replica.server),
+        })
 
-        def _extra(self, body: dict[str, Any]) -> tuple | None:
-            salt = body.get("cache_salt")
-            if salt is not None and (not isinstance(salt, str) or not salt):
-                raise BadRequest("cache_salt must be a non-empty string")
-            return replica.extra_keys(body.get("model"), salt)
+    def _chat(self, body: dict[str, Any]) -> None:
+        if "messages" not in body:
+            raise BadRequest("'messages' is required")
+        extra = self._extra(body)
+        prompt, text = self.replica.tokenize_chat(body)
+        req = self.replica.submit(prompt, _max_tokens(body), extra, text)
+        _wait(req)
+        self._json(200, {
+            "id": f"chat{req.request_id}", "object": "chat.completion",
+            "created": int(time.time()), "model": body.get("model") or self.replica.config.model,
+            "choices": [{"index": 0, "message": {
+                "role": "assistant", "content": self.replica.tokenizer.decode(req.output)},
+                "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}],
+            "usage": _usage(req, self.replica.server),
+        })
 
-        def _completions(self, body: dict[str, Any]) -> None:
-            if "prompt" not in body:
-                raise BadRequest("'prompt' is required")
-            extra = self._extra(body)
-            prompt, text = replica.tokenize_prompt(body["prompt"])
-            req = replica.submit(prompt, _max_tokens(body), extra, text)
-            _wait(req)
-            self._send(200, {
-                "id": req.request_id, "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model") or replica.config.model,
-                "choices": [{"index": 0, "text": replica.tokenizer.decode(req.output),
-                             "logprobs": None, "finish_reason": req.finish_reason,
-                             "stop_reason": None}],
-                "usage": _usage(req),
-            })
+    def _tokenize(self, body: dict[str, Any]) -> None:
+        if "messages" in body:
+            tokens, _ = self.replica.tokenize_chat(body)
+        elif "prompt" in body:
+            prompt = body["prompt"]
+            if not isinstance(prompt, str):
+                raise BadRequest("prompt must be a string")
+            tokens = (self.replica.tokenizer.encode_prompt(prompt)
+                      if body.get("add_special_tokens", True)
+                      else self.replica.tokenizer.encode(prompt))
+        else:
+            raise BadRequest("'prompt' or 'messages' is required")
+        payload: dict[str, Any] = {"count": len(tokens),
+                                   "max_model_len": self.replica.config.max_model_len,
+                                   "tokens": tokens, "token_strs": None}
+        if body.get("return_token_strs"):
+            payload["token_strs"] = [self.replica.tokenizer.piece(t) for t in tokens]
+        self._json(200, payload)
 
-        def _chat(self, body: dict[str, Any]) -> None:
-            if "messages" not in body:
-                raise BadRequest("'messages' is required")
-            extra = self._extra(body)
-            prompt, text = replica.tokenize_chat(body)
-            req = replica.submit(prompt, _max_tokens(body), extra, text)
-            _wait(req)
-            self._send(200, {
-                "id": f"chat{req.request_id}", "object": "chat.completion",
-                "created": int(time.time()), "model": body.get("model") or replica.config.model,
-                "choices": [{"index": 0, "message": {
-                    "role": "assistant", "content": replica.tokenizer.decode(req.output)},
-                    "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}],
-                "usage": _usage(req),
-            })
 
-        def _tokenize(self, body: dict[str, Any]) -> None:
-            if "messages" in body:
-                tokens, _ = replica.tokenize_chat(body)
-            elif "prompt" in body:
-                prompt = body["prompt"]
-                if not isinstance(prompt, str):
-                    raise BadRequest("prompt must be a string")
-                tokens = (replica.tokenizer.encode_prompt(prompt)
-                          if body.get("add_special_tokens", True)
-                          else replica.tokenizer.encode(prompt))
-            else:
-                raise BadRequest("'prompt' or 'messages' is required")
-            payload: dict[str, Any] = {"count": len(tokens),
-                                       "max_model_len": replica.config.max_model_len,
-                                       "tokens": tokens, "token_strs": None}
-            if body.get("return_token_strs"):
-                payload["token_strs"] = [replica.tokenizer.piece(t) for t in tokens]
-            self._send(200, payload)
-
-    return Handler
+def make_handler(replica: Replica) -> type[ReplicaHandler]:
+    """The handler class of one replica's server (its read timeout as the module says now)."""
+    return type("Handler", (ReplicaHandler,), {"replica": replica, "timeout": REQUEST_TIMEOUT})
 
 
 class _BoundedServer(ThreadingHTTPServer):

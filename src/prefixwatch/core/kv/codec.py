@@ -17,6 +17,7 @@ decoded again event by event, so one odd event costs only itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -133,6 +134,47 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
+# -- SGLang's definitions (python/sglang/srt/disaggregation/kv_events.py): what it encodes ------
+# Positional arrays with the tag first, every field on the wire: ``BlockStored`` one page each
+# (``block_hashes`` of one signed 64-bit hash, the page's ``token_ids``, ``block_size`` its
+# length, ``lora_id`` None, ``medium`` "GPU" or "CPU_PINNED" for the HiCache host pool), the
+# batch ``[ts, events, attn_dp_rank]``. The exporter decodes them as the positional events above.
+
+
+class SGLangBlockStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+    """A page SGLang's radix cache stored (one per page of a new node)."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None = None
+
+
+class SGLangBlockRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
+    """A page SGLang evicted (one per page of an evicted node)."""
+
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class SGLangAllBlocksCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared",
+                             gc=False):
+    """SGLang's tree was reset (at start, and on flush_cache)."""
+
+
+SGLangEvent = SGLangBlockStored | SGLangBlockRemoved | SGLangAllBlocksCleared
+
+
+class SGLangEventBatch(msgspec.Struct, array_like=True, gc=False):
+    """SGLang's batch of one scheduler step's events; ``attn_dp_rank`` is set by its publisher."""
+
+    ts: float
+    events: list[SGLangEvent]
+    attn_dp_rank: int | None = None
+
+
 class _MapBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[Event]
@@ -231,6 +273,41 @@ class BatchDecoder:
         if isinstance(tag, str) and tag not in EVENT_TYPES:
             return UNKNOWN_TYPE
         return MALFORMED  # a known tag whose fields do not fit, or no tag at all
+
+
+def page_runs(events: Iterable[Any]) -> Iterator[tuple[Any, int]]:
+    """Stored events of one medium, with chains published a page an event joined: SGLang
+    publishes one ``BlockStored`` per page, each naming the page before as its parent, so a
+    3,000-token prompt at page size 1 is 3,000 events. Consecutive events that continue the
+    one before (its last hash as their parent, the same page size, no LoRA or extra keys) are
+    one chain, as vLLM would have sent it: ``(event, how many events it stands for)``. Other
+    events pass as they are."""
+    run: Any = None
+    count = 0
+    for event in events:
+        if (run is not None and event.parent_block_hash is not None
+                and event.parent_block_hash == run.block_hashes[-1]
+                and event.block_size == run.block_size and _plain(event)):
+            if count == 1:  # a copy of the first: the decoded event stays as it was
+                run = _ArrayStored(list(run.block_hashes), run.parent_block_hash,
+                                   list(run.token_ids), run.block_size, None, run.medium)
+            run.block_hashes.extend(event.block_hashes)
+            run.token_ids.extend(event.token_ids)
+            count += 1
+            continue
+        if run is not None:
+            yield run, count
+        run, count = (event, 1) if _plain(event) else (None, 0)
+        if run is None:
+            yield event, 1
+    if run is not None:
+        yield run, count
+
+
+def _plain(event: Any) -> bool:
+    """A stored event with nothing but hashes, tokens and a page size to tell it apart."""
+    return (event.lora_id is None and event.lora_name is None and not event.extra_keys
+            and bool(event.block_hashes))
 
 
 def sequence_of(frame: bytes) -> int:

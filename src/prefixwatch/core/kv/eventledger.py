@@ -28,6 +28,17 @@ span and counted before it), and the stream may move while a page is fetched. ``
 those slacks in tokens; a residual within them is still the tail, past them ``unexplained``
 (lost messages, a stream followed from mid-way, preemption, a chunked prefill under way at an
 edge).
+
+SGLang stores a run its radix tree already holds once (``RadixCache.insert`` frees the
+request's copy): what a request recomputed over content the tree held never reaches the
+stream, whatever its size (the last prompt token SGLang always computes, an answer repeated
+word for word, two requests of one prefill batch computing the same new prompt). Its stream
+holds the new pages only, each a prompt's or an answer's. So for SGLang the answers are taken
+out of the stream's parts only as far as the stream holds more than the prompts computed
+(``prompt - achieved``): the rest of the output was stored by nobody. What the prompts
+computed and the stream does not show is the tail: a request's last partial page and the page
+(the token, with SGLang's default page size 1) it recomputes when its prompt was cached whole,
+at most ``page_size`` tokens per finished request; past that, ``unexplained``.
 """
 
 from __future__ import annotations
@@ -46,9 +57,13 @@ EVENT_SHARES: tuple[str, ...] = exposition.KV_LEDGER_SHARES
 OUTPUT_FROM: tuple[str, ...] = ("novel", exposition.LEDGER_TAIL, "routing", "eviction", "layout")
 
 
+#: The stream parts an SGLang answer is taken from (the tail is not on its stream).
+SGLANG_OUTPUT_FROM: tuple[str, ...] = ("novel", "routing", "eviction", "layout")
+
+
 def event_shares(prompt: int, achieved: int, computed: dict[str, int], requests: int | None,
-                 block_size: int, output: int = 0, edges: tuple[int, int] = (0, 0)
-                 ) -> dict[str, int]:
+                 block_size: int, output: int = 0, edges: tuple[int, int] = (0, 0),
+                 engine: str = "vllm") -> dict[str, int]:
     """The ledger of a span from the event source, in tokens: the shares (summing to
     ``prompt``) and ``output``.
 
@@ -56,7 +71,11 @@ def event_shares(prompt: int, achieved: int, computed: dict[str, int], requests:
     finished requests) are the engines' counters over the span, ``requests`` its finished
     requests (None: not known, the tail is not bounded); ``computed`` the stream's computed
     tokens by part (whole device blocks, answers' included); ``edges`` (low, high) the tokens
-    the span's edges may move the residual down and up."""
+    the span's edges may move the residual down and up. ``engine`` "sglang": its stream
+    stores a run once (the module docstring); ``block_size`` is then its page size."""
+    if engine == "sglang":
+        return _stored_once_shares(prompt, achieved, computed, requests, block_size, output,
+                                   edges)
     stream = sum(computed.get(p, 0) for p in exposition.KV_COMPUTED_PARTS)
     residual = prompt + output - achieved - stream
     low, high = edges
@@ -72,6 +91,29 @@ def event_shares(prompt: int, achieved: int, computed: dict[str, int], requests:
         out[part] -= take
         left -= take
     out["unexplained"] -= left  # more output than the stream and the tails hold
+    out[exposition.LEDGER_OUTPUT] = output
+    return out
+
+
+def _stored_once_shares(prompt: int, achieved: int, computed: dict[str, int],
+                        requests: int | None, page_size: int, output: int,
+                        edges: tuple[int, int]) -> dict[str, int]:
+    """``event_shares`` for an engine whose stream shows each run once (SGLang)."""
+    stream = sum(computed.get(p, 0) for p in exposition.KV_COMPUTED_PARTS)
+    out = {"achieved": achieved}
+    out.update({p: computed.get(p, 0) for p in exposition.KV_COMPUTED_PARTS})
+    # The answers' pages the stream holds: what it holds beyond the prompts' computed tokens.
+    left = min(max(output, 0), max(stream - (prompt - achieved), 0))
+    for part in SGLANG_OUTPUT_FROM:
+        take = min(left, max(out[part], 0))
+        out[part] -= take
+        left -= take
+    residual = prompt - achieved - sum(out[p] for p in exposition.KV_COMPUTED_PARTS)
+    low, high = edges
+    top = residual if requests is None else page_size * max(requests, 0) + high
+    tail = min(max(residual, -low), max(top, -low))
+    out[exposition.LEDGER_TAIL] = tail
+    out["unexplained"] = residual - tail
     out[exposition.LEDGER_OUTPUT] = output
     return out
 

@@ -19,7 +19,13 @@ from itertools import chain, groupby
 from operator import attrgetter
 from typing import Any
 
-from prefixwatch.core.kv.codec import EVENT_TYPES, REMOVED_TYPES, STORED_TYPES, Batch
+from prefixwatch.core.kv.codec import (
+    EVENT_TYPES,
+    REMOVED_TYPES,
+    STORED_TYPES,
+    Batch,
+    page_runs,
+)
 from prefixwatch.core.kv.content import (
     Block,
     FleetContent,
@@ -82,8 +88,8 @@ class TargetMirror:
                 elif kind in STORED_TYPES:
                     for medium, same in groupby(group, _medium):
                         if medium is None or medium == DEVICE:
-                            for event in same:
-                                events["BlockStored"] += 1
+                            for event, n in page_runs(same):  # SGLang's pages as chains
+                                events["BlockStored"] += n
                                 self._store(event, ts)
                         else:
                             self._store_lower_run(list(same), ts)

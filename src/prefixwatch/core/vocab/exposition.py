@@ -90,6 +90,10 @@ OUT_PREEMPTIONS = OutMetric(
 OUT_TTFT = OutMetric(
     "prefixwatch_time_to_first_token_seconds", "histogram",
     "Time to first token, re-exposed with the engine's own buckets.", _SERIES)
+OUT_FINISHED_REQUESTS = OutMetric(
+    "prefixwatch_finished_requests", "counter",
+    "Requests finished, as the engine counts them (SGLang's num_requests_total; vLLM's count "
+    "is its prompt-length histogram's).", _SERIES)
 OUT_PROMPT_LEN = OutMetric(
     "prefixwatch_request_prompt_tokens", "histogram",
     "Prompt length per request, re-exposed with the engine's own buckets.", _SERIES)

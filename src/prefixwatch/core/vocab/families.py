@@ -81,6 +81,8 @@ FAMILIES: tuple[Family, ...] = (
         **_same("vllm:time_to_first_token_seconds", *_VLLM),
         SGLANG: "sglang:time_to_first_token_seconds"}),
     Family("prompt_len", exposition.OUT_PROMPT_LEN, _same("vllm:request_prompt_tokens", *_VLLM)),
+    Family("finished_requests", exposition.OUT_FINISHED_REQUESTS,
+           {SGLANG: "sglang:num_requests_total"}),
     Family("kv_idle_evict", exposition.OUT_KV_IDLE_EVICT,
            {VLLM_V1: "vllm:kv_block_idle_before_evict_seconds"}),
     Family("kv_usage", exposition.OUT_KV_USAGE, {

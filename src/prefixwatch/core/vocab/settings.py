@@ -34,11 +34,14 @@ HIT_RATIO_EFFECTIVE = "effective"
 HIT_RATIO_DEVICE = "device"
 HIT_RATIO_MODES: tuple[str, ...] = (HIT_RATIO_EFFECTIVE, HIT_RATIO_DEVICE)
 DEFAULT_HIT_RATIO_MODE = HIT_RATIO_EFFECTIVE
-#: PrefixCacheHitRateLow (critical) judges two windows, both below the threshold for ``for``;
-#: the report plots the short one, the value the page carries.
-CRITICAL_SHORT_WINDOW = "2m"
+#: PrefixCacheHitRateLow (critical) scales its confirmation with the depth of the fall: the
+#: short window below ``CRITICAL_COLLAPSE_SHARE`` of the threshold (a collapse) pages after
+#: ``for`` alone, a shallower fall below the threshold once the long window is below it too.
+#: The report plots the short window, the value the page carries.
+CRITICAL_SHORT_WINDOW = "1m"
 CRITICAL_LONG_WINDOW = "5m"
-CRITICAL_FOR = "1m"
+CRITICAL_FOR = "30s"
+CRITICAL_COLLAPSE_SHARE = 0.5
 THRESHOLD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DiagnosisThresholds))
 DIAGNOSIS_KEYS = frozenset({"window", "cold_start", *THRESHOLD_FIELDS} - {KV_USAGE_KEY})
 #: Thresholds that are shares: in (0, 1].

@@ -13,6 +13,7 @@ the short windows, one a minute for a 1 h window, which is then exact to a minut
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 from array import array
@@ -75,8 +76,77 @@ def plan_tiers(windows: Iterable[float], interval: float, points_per_window: int
     return tuple(sorted(tiers.items()))
 
 
+@dataclass(frozen=True)
+class HeldTier:
+    """One tier's points as a view holds them."""
+
+    resolution: float
+    span: float
+    times: tuple[float, ...]
+    values: tuple[array, ...]
+
+
+_lineages = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class HistoryView:
+    """A SeriesHistory as it stood after one poll: what its readers get. It never changes, so
+    it is read without a lock while the history takes the next poll; every view of one
+    history has the same ``lineage`` (a restarted history is a new lineage)."""
+
+    layout: VectorLayout
+    lineage: int
+    tiers: tuple[HeldTier, ...]
+    last_t: float | None
+    adjusted: array | None
+    resets: int
+
+    @property
+    def points(self) -> int:
+        """Distinct points held (tiers share the vectors they have in common)."""
+        return len({id(v) for tier in self.tiers for v in tier.values})
+
+    def tier_plan(self) -> tuple[tuple[float, float], ...]:
+        """(resolution, span) of each tier, finest first."""
+        return tuple((tier.resolution, tier.span) for tier in self.tiers)
+
+    def held(self, tier: int = 0) -> tuple[float, float] | None:
+        """(oldest, newest) time of the points one tier holds; None while it is empty."""
+        times = self.tiers[tier].times
+        return (times[0], times[-1]) if times else None
+
+    def values_at(self, times: Iterable[float], picks: Sequence[int], tier: int = 0
+                  ) -> list[list[float]]:
+        """The ``picks`` components of the tier's newest point at or before each time (NaN
+        before its first point): copies, so a reader cannot change the history."""
+        held = self.tiers[tier]
+        return [[math.nan] * len(picks) if (i := bisect.bisect_right(held.times, when) - 1) < 0
+                else [held.values[i][p] for p in picks] for when in times]
+
+    def delta(self, now: float, window: float) -> tuple[float, array] | None:
+        """(seconds covered, adjusted delta vector) over the window ending at the last poll.
+
+        The base is the newest point at or before ``now - window`` in the finest tier that
+        spans the window; while the history is shorter than the window, its oldest point
+        (the window covers what was seen).
+        """
+        if self.adjusted is None or self.last_t is None:
+            return None
+        tier = next((tr for tr in self.tiers if tr.span >= window), self.tiers[-1])
+        idx = max(bisect.bisect_right(tier.times, now - window) - 1, 0)
+        base_t = tier.times[idx]
+        if self.last_t <= base_t:
+            return None
+        base = tier.values[idx]
+        # A counter absent at the base appeared since: it counts from its first sighting (0).
+        return self.last_t - base_t, array(
+            "d", (c - (0.0 if b != b else b) for c, b in zip(self.adjusted, base, strict=True)))
+
+
 class SeriesHistory:
-    """Reset-adjusted cumulative vectors of one series over time, in resolution tiers."""
+    """Reset-adjusted cumulative vectors of one series over time, in resolution tiers. Its
+    writer adds polls; readers get ``view()``, a copy that never changes."""
 
     def __init__(self, layout: VectorLayout, tiers: Sequence[tuple[float, float]],
                  interval: float) -> None:
@@ -90,6 +160,8 @@ class SeriesHistory:
         self._last_raw: array | None = None
         self._last_created: float | None = None
         self._adjusted: array | None = None
+        self._lineage = next(_lineages)
+        self._view: HistoryView | None = None
         self.resets = 0
 
     def add(self, t: float, raw: Sequence[float], created: float | None = None) -> bool:
@@ -127,6 +199,7 @@ class SeriesHistory:
                 tier.times.append(t)
                 tier.values.append(adjusted)
             self._trim(tier, t - tier.span)
+        self._view = None
         return reset
 
     @staticmethod
@@ -137,46 +210,32 @@ class SeriesHistory:
             del tier.times[:cut]
             del tier.values[:cut]
 
+    def view(self) -> HistoryView:
+        """The history as it stands now, for readers (made once per poll)."""
+        if self._view is None:
+            self._view = HistoryView(
+                self.layout, self._lineage,
+                tuple(HeldTier(t.resolution, t.span, tuple(t.times), tuple(t.values))
+                      for t in self._tiers),
+                self._last_t, self._adjusted, self.resets)
+        return self._view
+
     @property
     def points(self) -> int:
-        """Distinct points held (tiers share the vectors they have in common)."""
-        return len({id(v) for tier in self._tiers for v in tier.values})
+        return self.view().points
 
     def tier_plan(self) -> tuple[tuple[float, float], ...]:
-        """(resolution, span) of each tier, finest first."""
-        return tuple((tier.resolution, tier.span) for tier in self._tiers)
+        return self.view().tier_plan()
 
     def held(self, tier: int = 0) -> tuple[float, float] | None:
-        """(oldest, newest) time of the points one tier holds; None while it is empty."""
-        times = self._tiers[tier].times
-        return (times[0], times[-1]) if times else None
+        return self.view().held(tier)
 
     def values_at(self, times: Iterable[float], picks: Sequence[int], tier: int = 0
                   ) -> list[list[float]]:
-        """The ``picks`` components of the tier's newest point at or before each time (NaN
-        before its first point): copies, so a reader cannot change the history."""
-        held = self._tiers[tier]
-        return [[math.nan] * len(picks) if (i := bisect.bisect_right(held.times, when) - 1) < 0
-                else [held.values[i][p] for p in picks] for when in times]
+        return self.view().values_at(times, picks, tier)
 
     def delta(self, now: float, window: float) -> tuple[float, array] | None:
-        """(seconds covered, adjusted delta vector) over the window ending at the last poll.
-
-        The base is the newest point at or before ``now - window`` in the finest tier that
-        spans the window; while the history is shorter than the window, its oldest point
-        (the window covers what was seen).
-        """
-        if self._adjusted is None or self._last_t is None:
-            return None
-        tier = next((tr for tr in self._tiers if tr.span >= window), self._tiers[-1])
-        idx = max(bisect.bisect_right(tier.times, now - window) - 1, 0)
-        base_t = tier.times[idx]
-        if self._last_t <= base_t:
-            return None
-        base = tier.values[idx]
-        # A counter absent at the base appeared since: it counts from its first sighting (0).
-        return self._last_t - base_t, array(
-            "d", (c - (0.0 if b != b else b) for c, b in zip(self._adjusted, base, strict=True)))
+        return self.view().delta(now, window)
 
 
 def histogram_quantile(

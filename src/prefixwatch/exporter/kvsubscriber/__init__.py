@@ -17,12 +17,12 @@ import zmq
 from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.kvsubscriber.kinds import KindNamer
-from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
+from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource, StreamView
 from prefixwatch.exporter.kvsubscriber.subscriber import Listener, Subscription
 
 log = logging.getLogger("prefixwatch.exporter.kvsubscriber")
 
-__all__ = ["KvEvents", "KvSource"]
+__all__ = ["KvEvents", "KvSource", "StreamView"]
 
 
 class KvEvents:

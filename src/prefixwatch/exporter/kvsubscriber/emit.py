@@ -32,11 +32,11 @@ class Row:
 
 def rows(sources: Iterable[KvSource]) -> Iterator[Row]:
     for source in sources:
-        t = source.target
-        up, lost, errors, snap = source.read()
-        yield Row(exposition.OUT_KV_EVENTS_UP, [t], 1.0 if up else 0.0)
-        yield Row(exposition.OUT_KV_EVENTS_LOST, [t], float(lost))
-        for reason, n in error_reasons(errors):
+        stream = source.view()
+        t, snap = stream.target, stream.snapshot
+        yield Row(exposition.OUT_KV_EVENTS_UP, [t], 1.0 if stream.up else 0.0)
+        yield Row(exposition.OUT_KV_EVENTS_LOST, [t], float(stream.lost))
+        for reason, n in error_reasons(stream.errors):
             yield Row(exposition.OUT_KV_EVENTS_ERRORS, [t, reason], float(n))
         events = snap.events if snap is not None else {}
         for kind in EVENT_TYPES:
@@ -57,12 +57,12 @@ def rows(sources: Iterable[KvSource]) -> Iterator[Row]:
         for part in exposition.KV_COMPUTED_PARTS:
             yield Row(exposition.OUT_KV_COMPUTED, [t, model, part], float(snap.computed[part]))
         yield Row(exposition.OUT_KV_COMPUTED, [t, model, exposition.LEDGER_TAIL],
-                  float(source.tail_tokens))
+                  float(stream.tail_tokens))
         for medium, tokens in sorted(snap.loaded.items()):
             yield Row(exposition.OUT_KV_LOADED, [t, model, medium], float(tokens))
         if snap.divergence[0][-1][1]:
             yield Row(exposition.OUT_KV_DIVERGENCE, [t, model], snap.divergence)
-        for kind, n in sorted(source.kinds.items()):
+        for kind, n in sorted(stream.kinds.items()):
             yield Row(exposition.OUT_KV_DIVERGENCE_KIND, [t, model, kind], float(n))
 
 

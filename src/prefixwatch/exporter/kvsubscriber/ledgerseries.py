@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from prefixwatch.core.kv.eventledger import event_shares
 from prefixwatch.core.vocab import exposition
 from prefixwatch.exporter.kvsubscriber.source import KvSource
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.monitor import TargetView
 
 #: How long after a page is read its target's stream is read again: the engine publishes a
 #: step's events after the step that moved its counters, and the batch crosses a socket and a
@@ -41,6 +41,8 @@ class Counters:
     requests: float  # finished (vLLM observes the prompt-length histogram at the finish)
     generated: float | None  # None: the engine has no generation counter
     running: float
+    #: The engine (the page's schema): how its stream shows what it computed.
+    engine: str = "vllm"
 
 
 @dataclass(frozen=True)
@@ -61,29 +63,30 @@ class Span:
     shares: dict[str, int]
 
 
-def _counters(mon: TargetMonitor, model: str) -> Counters | None:
-    """One model's lifetime counters on a target, or None."""
-    with mon.lock:
-        if not mon.up:
-            return None
-        figures = mon.models.get(model)
-        if figures is None or math.isnan(figures.lifetime_queries):
-            return None
-        cached = (sum(figures.lifetime_tiers.values()) if figures.lifetime_tiers
-                  else figures.lifetime_hits)
-        requests = running = 0.0
-        generated: float | None = None
-        for (m, _engine), state in mon.series.items():
-            if m != model:
-                continue
-            values = state.values
-            hist = values.histograms.get("prompt_len")
-            if hist is not None:
-                requests += hist.count
-            if "generation_tokens" in values.counters:
-                generated = (generated or 0.0) + values.counters["generation_tokens"]
-            running += values.gauges.get("running", 0.0)
-        return Counters(figures.lifetime_queries, cached, requests, generated, running)
+def _counters(view: TargetView, model: str) -> Counters | None:
+    """One model's lifetime counters in a target's view, or None."""
+    if not view.up:
+        return None
+    figures = view.models.get(model)
+    if figures is None or math.isnan(figures.lifetime_queries):
+        return None
+    cached = (sum(figures.lifetime_tiers.values()) if figures.lifetime_tiers
+              else figures.lifetime_hits)
+    requests = running = 0.0
+    generated: float | None = None
+    for (m, _engine), state in view.series.items():
+        if m != model:
+            continue
+        values = state.values
+        hist = values.histograms.get("prompt_len")
+        if hist is not None:
+            requests += hist.count
+        requests += values.counters.get("finished_requests", 0.0)  # SGLang counts them
+        if "generation_tokens" in values.counters:
+            generated = (generated or 0.0) + values.counters["generation_tokens"]
+        running += values.gauges.get("running", 0.0)
+    engine = view.schema.server if view.schema is not None else "vllm"
+    return Counters(figures.lifetime_queries, cached, requests, generated, running, engine)
 
 
 def _computed(source: KvSource) -> tuple[str | None, dict[str, int]] | None:
@@ -91,22 +94,18 @@ def _computed(source: KvSource) -> tuple[str | None, dict[str, int]] | None:
     message (the baseline, with nothing computed); None while messages are held for a
     mirror not made yet (the model still unknown): their blocks are in no reading yet,
     though the page may count their requests."""
-    mirror = source.mirror
-    if mirror is None:
-        with source.lock:
-            received = source.messages
-        if received:
+    stream = source.view()
+    snap = stream.snapshot
+    if snap is None:
+        if stream.messages:
             return None
         return source.model_hint(), dict.fromkeys(exposition.KV_COMPUTED_PARTS, 0)
-    snap = mirror.snapshot()
     return snap.model, snap.computed
 
 
 class EventLedgers:
-    def __init__(self, sources: dict[str, KvSource], monitors: list[TargetMonitor],
-                 horizon: float) -> None:
+    def __init__(self, sources: dict[str, KvSource], horizon: float) -> None:
         self.sources = sources
-        self.monitors = {m.name: m for m in monitors}
         self.horizon = horizon
         self.lock = threading.Lock()
         self._history: dict[str, deque[Sample]] = {}
@@ -119,16 +118,18 @@ class EventLedgers:
         got = _computed(source) if source is not None else None
         return got[1] if got is not None else None
 
-    def after_poll(self, target: str, before: dict[str, int] | None, now: float) -> None:
-        """Sample ``target`` beside the page just read (``before``: ``before_poll``'s)."""
-        source, mon = self.sources.get(target), self.monitors.get(target)
-        if source is None or mon is None:
+    def after_poll(self, view: TargetView, before: dict[str, int] | None, now: float) -> None:
+        """Sample a target beside the page just read (its view as that poll published it;
+        ``before``: ``before_poll``'s)."""
+        target = view.name
+        source = self.sources.get(target)
+        if source is None:
             return
         reading = _computed(source)
         if reading is None:
             return
         model, computed = reading
-        got = _counters(mon, model) if model else None
+        got = _counters(view, model) if model else None
         if got is None:
             return
         moved = sum(computed.values()) - sum((before or computed).values())
@@ -188,7 +189,8 @@ class EventLedgers:
         computed = {p: last.computed[p] - start.computed[p] for p in exposition.KV_COMPUTED_PARTS}
         edges = (bs * round(a.running) + last.moved, bs * round(b.running) + start.moved)
         return Span(prompt, requests, event_shares(
-            prompt, round(b.cached - a.cached), computed, requests, bs, output, edges))
+            prompt, round(b.cached - a.cached), computed, requests, bs, output, edges,
+            engine=b.engine))
 
     def counters(self, model: str, counted: dict[str, int]) -> dict[str, int]:
         """The model's ledger counters as written: each never lower than it was. The stream

@@ -12,7 +12,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from prefixwatch.core.kv import codec
 from prefixwatch.core.kv.codec import BatchDecoder, DecodeError
@@ -247,13 +249,33 @@ class KvSource:
         with self.lock:
             return self.connected and self.decoding
 
-    def read(self) -> tuple[bool, int, dict[str, int], MirrorSnapshot | None]:
-        """(up, lost, every error reason's count, the mirror's counters or None)."""
+    def view(self) -> StreamView:
+        """The stream as it stands now (its mirror's counters read once)."""
         snap = self.mirror.snapshot() if self.mirror is not None else None
         with self.lock:
             errors = dict(self.errors)
-            up, lost = self.connected and self.decoding, self.lost
+            up, lost, messages = self.connected and self.decoding, self.lost, self.messages
+            kinds = dict(self.kinds)
         if snap is not None:
             for reason, n in snap.errors.items():
                 errors[reason] = errors.get(reason, 0) + n
-        return up, lost, errors, snap
+        return StreamView(self.target, up, lost, messages, MappingProxyType(errors), snap,
+                          self.tail_tokens, MappingProxyType(kinds))
+
+
+@dataclass(frozen=True)
+class StreamView:
+    """One target's KV event stream as a reader sees it at one moment."""
+
+    target: str
+    up: bool
+    lost: int
+    messages: int
+    #: Every error reason's count: the stream's and its mirror's.
+    errors: Mapping[str, int]
+    #: The mirror's counters; None before the stream's first message made a mirror.
+    snapshot: MirrorSnapshot | None
+    #: The ledger's tail part (tokens no full block covered) since the target was followed.
+    tail_tokens: int
+    #: New chains by what varies where they diverge.
+    kinds: Mapping[str, int]
