@@ -139,7 +139,7 @@ def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
     html = charts_section(exporter.landing_inputs(), start + 600)
     assert "effective hit ratio" in html
     assert html.count('<span class="ok">90.0%</span>') == 1, html  # the target's card
-    fleet = charts(exporter, start + 600)[0][MODEL]
+    fleet = charts(exporter.landing_inputs(), start + 600)[0][MODEL]
     assert fleet.current() == pytest.approx(0.9)  # the headline's chart, with axes
     axes = fleet.svg_with_axes(0.5, "fleet")
     assert all(f">{tick}%</text>" in axes for tick in (0, 25, 50, 75, 100)), axes
@@ -218,7 +218,7 @@ def test_the_first_screen_answers(vllm_page: str, tmp_path: Path) -> None:
     _regression(exporter, vllm_page)
     with exporter.state.lock:
         exporter.state.culprits = {MODEL: Culprit("date/time", 19, 0.9)}
-    page = render_landing(exporter).replace("</body>", (
+    page = render_landing(exporter.landing_inputs()).replace("</body>", (
         "<script>for (const [name, sel] of [['ratio', '.story .big'], ['culprit', '.culprit'],"
         " ['chart', 'svg.big'], ['tables', 'table.targets']]) {"
         " const r = document.querySelector(sel).getBoundingClientRect();"
@@ -248,7 +248,7 @@ def test_every_kv_count_is_explained_where_it_appears(monkeypatch: pytest.Monkey
     source.count(exposition.KV_ERROR_UNKNOWN_BLOCK, 129)
     source.count(exposition.KV_ERROR_UNKNOWN_PARENT, 56)
     monkeypatch.setattr(exporter.kv, "all_sources", lambda: [source])
-    section = kv_section(exporter)
+    section = kv_section(exporter.landing_inputs())
     assert "unknown_block 129" in section and "unknown_parent 56" in section
     for reason in (exposition.KV_ERROR_UNKNOWN_BLOCK, exposition.KV_ERROR_UNKNOWN_PARENT):
         assert f"<code>{reason}</code>: {exposition.KV_ERROR_MEANINGS[reason]}" in section

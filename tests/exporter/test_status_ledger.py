@@ -97,7 +97,7 @@ def test_status_hints_name_only_flags_status_takes() -> None:
     from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, StatusRow, render
 
     parser = build_parser()
-    status = parser._subparsers._group_actions[0].choices["status"]  # type: ignore[union-attr]
+    status = parser._subparsers._group_actions[0].build("status")  # type: ignore[union-attr]
     takes = {s for a in status._actions for s in a.option_strings}
     said = LEDGER_NEEDS_LOG + render([StatusRow("t", "m", "vllm", "vllm_v1")], 5.0)
     assert "Diagnosis over the 5s gap" in said

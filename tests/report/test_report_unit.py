@@ -130,7 +130,9 @@ def test_the_ledger_stack_never_passes_all_the_prompt_tokens() -> None:
 
 def test_the_rules_time_scale_is_read_from_prometheus() -> None:
     """Without --config, a report on the demo's Prometheus reads the windows that paged."""
+    from prefixwatch.core.story import window_words
     from prefixwatch.core.vocab import rulenames, settings
+    from prefixwatch.core.vocab.windows import parse_duration
     from prefixwatch.report.collect import Collector
     from prefixwatch.report.model import Request, recorded
 
@@ -139,10 +141,12 @@ def test_the_rules_time_scale_is_read_from_prometheus() -> None:
 
         def rule_expressions(self) -> dict[str, str]:
             num = recorded(settings.HIT_RATIO_EFFECTIVE, settings.CRITICAL_SHORT_WINDOW).num
-            return {num: "sum by (model_name) (rate(prefixwatch_prompt_tokens_cached_total[6s]))",
+            scaled = window_words(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
+            return {num: "sum by (model_name) (rate(prefixwatch_prompt_tokens_cached_total"
+                         f"[{scaled}]))",
                     rulenames.R_LEDGER_SHARE: "x"}
 
     collector = Collector(Rules(), Request(0, 100, 0.7))  # type: ignore[arg-type]
     assert collector.req.time_scale == pytest.approx(0.05)
-    assert collector.window == pytest.approx(6.0)
+    assert collector.window == pytest.approx(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
     assert "time scale 0.05" in collector.notes[0]
