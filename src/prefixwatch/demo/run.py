@@ -21,6 +21,7 @@ import shutil
 import signal
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
 
@@ -30,6 +31,7 @@ from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
 from prefixwatch.core.vocab import causes, exposition, rulenames, settings
+from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.demo.backends import (
     ALERTMANAGER_API,
     ALERTMANAGER_BINARIES,
@@ -207,8 +209,10 @@ def run_demo(args: argparse.Namespace) -> int:
             targets=_with_kv_events(targets, sim), listen_address=args.listen_address,
             interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
             windows=story_windows(scale),
-            diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
+            diagnosis_window=diagnosis_window(scale),
             cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log))
+        config = replace(config, thresholds=replace(
+            config.thresholds, min_requests=min_requests(config.thresholds, scale)))
         exporter = Exporter(config)
         if sim is not None:
             sim.start()
@@ -255,6 +259,22 @@ def story_windows(scale: float) -> list[str]:
     return list(dict.fromkeys(scaled(w, scale) for w in wanted))
 
 
+def diagnosis_window(scale: float) -> str:
+    """The demo's diagnosis window: under a time scale, the paging window itself, so that the
+    cause is known when the (compressed) page fires; at 1, the exporter's default."""
+    if scale == 1:
+        return causes.DIAGNOSIS_WINDOW
+    return scaled(min(parse_duration(causes.DIAGNOSIS_WINDOW),
+                      parse_duration(settings.CRITICAL_SHORT_WINDOW)), scale)
+
+
+def min_requests(thresholds: causes.DiagnosisThresholds, scale: float) -> int:
+    """The requests a diagnosis needs: a time scale compresses the windows, not the traffic,
+    so a scaled window holds that many times fewer requests (at least 5)."""
+    return thresholds.min_requests if scale >= 1 else max(
+        5, min(thresholds.min_requests, round(thresholds.min_requests * scale * 5)))
+
+
 def _write_status_config(state: Path, targets: list, scale: float,
                          requests_log: dict | None) -> Path:
     """A config for `prefixwatch status` that sees what the demo's exporter sees: every
@@ -266,8 +286,9 @@ def _write_status_config(state: Path, targets: list, scale: float,
         "# Written by `prefixwatch demo`: `prefixwatch status --config` this file sees what "
         "the demo's exporter sees.\n" + yaml.safe_dump({
             "targets": [t if isinstance(t, dict) else {"url": t} for t in targets],
-            settings.DIAGNOSIS_KEY: {"window": scaled(causes.DIAGNOSIS_WINDOW, scale),
-                                     "cold_start": scaled(causes.COLD_START, scale)},
+            settings.DIAGNOSIS_KEY: {
+                "window": diagnosis_window(scale), "cold_start": scaled(causes.COLD_START, scale),
+                "min_requests": min_requests(causes.DiagnosisThresholds(), scale)},
             **extra},
             sort_keys=False))
     return path
