@@ -260,12 +260,13 @@ def story_windows(scale: float) -> list[str]:
 
 
 def diagnosis_window(scale: float) -> str:
-    """The demo's diagnosis window: under a time scale, the paging window itself, so that the
-    cause is known when the (compressed) page fires; at 1, the exporter's default."""
+    """The demo's diagnosis window: under a time scale, twice the paging window (enough
+    requests not to flap, short enough that the cause is known when the compressed page
+    fires); at 1, the exporter's default."""
     if scale == 1:
         return causes.DIAGNOSIS_WINDOW
     return scaled(min(parse_duration(causes.DIAGNOSIS_WINDOW),
-                      parse_duration(settings.CRITICAL_SHORT_WINDOW)), scale)
+                      2 * parse_duration(settings.CRITICAL_SHORT_WINDOW)), scale)
 
 
 def min_requests(thresholds: causes.DiagnosisThresholds, scale: float) -> int:
