@@ -323,8 +323,9 @@ def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptio
 
 
 def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
-    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds; return the signal, or
-    None when the duration ended it."""
+    """Block until SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) or ``duration``
+    seconds; return the signal, or None when the duration ended it. SIGHUP is handled so that
+    children in sessions of their own (the demo's Prometheus) are stopped, not orphaned."""
     stop = threading.Event()
     received: list[signal.Signals] = []
 
@@ -334,8 +335,8 @@ def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
         received.append(sig)
         stop.set()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
     stop.wait(duration)
     return received[0] if received else None
 
