@@ -25,7 +25,20 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("args,message", [
-    (["exporter", "--interval", "abc"], "not a number"),
+    (["exporter", "--interval", "abc"], "not a duration: 'abc'"),
+    (["exporter", "--interval=-5s"], "not a duration"),
+    (["status", "--gap", "soon"], "argument --gap: not a duration"),
+    (["status", "--cold-start", "later"], "argument --cold-start: not a duration"),
+    (["exporter", "--timeout", "inf"], "not a duration"),
+    (["demo", "--time-scale", "1e-9"], "argument --time-scale: '1e-9' is out of range"),
+    (["demo", "--time-scale", "inf"], "must be a finite number"),
+    (["demo", "--time-scale", "nan"], "must be a finite number"),
+    (["demo", "--duration", "a while"], "argument --duration: not a duration"),
+    (["demo", "--replicas", "0"], "argument --replicas: '0' must be 1 or more"),
+    (["demo", "--sim-port", "70000"], "is not a port"),
+    (["report", "--since", "yesterday"], "argument --since: not a duration"),
+    (["simulate", "--switch-at", "noon"], "argument --switch-at: not a duration"),
+    (["exporter", "--log-level", "loud"], "argument --log-level: invalid choice"),
     (["exporter", "--interval", "0"], "greater than 0"),
     (["exporter", "--target", "localhost:8000"], "not an http(s) URL"),
     (["exporter", "--window", "5 minutes"], "not a duration"),
@@ -36,8 +49,8 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     (["exporter", "--no-such-flag"], "unrecognized arguments"),
     (["exporter", "--follow"], "go with --requests-log PATH"),
     (["exporter", "--requests-log", "/nonexistent/requests.log"], "does not exist"),
-    (["exporter", "--diagnosis-window", "soon"], "diagnosis window"),
-    (["exporter", "--requests-log", "/dev/null", "--max-log-len", "0"], "at least 1"),
+    (["exporter", "--diagnosis-window", "soon"], "argument --diagnosis-window: not a duration"),
+    (["exporter", "--requests-log", "/dev/null", "--max-log-len", "0"], "must be 1 or more"),
 ])
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     r = run(*args)
@@ -56,12 +69,15 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     ("diagnosis: {min_requests: many}\n", "diagnosis:"),
     ("requests_log: {follow: true}\n", "needs a path"),
     ("targets:\n  - {name: x}\n", "needs a url"),
-    ("targets:\n  - {url: 'http://a:1/metrics', timeout: -1}\n", "must be positive"),
+    ("targets:\n  - {url: 'http://a:1/metrics', timeout: -1}\n",
+     "cfg.yml:2:5: timeout: not a duration: '-1'"),
+    ("targets: ['http://a:1/metrics']\ninterval: five\n",
+     "cfg.yml:2:1: interval: not a duration: 'five'"),
     ("targets:\n  - {url: 'http://a:1/metrics', colour: red}\n",
      "cfg.yml:2:33: unknown key 'targets.0.colour'"),
     ("targets:\n  - {url: 'http://a:1/metrics', timeot: 2}\n", "(did you mean 'timeout'?)"),
     ("targets:\n  - {name: x}\n", "cfg.yml:2:5: each target needs a url"),
-    ("interval: -1\n", "cfg.yml:1:1: interval must be positive"),
+    ("interval: -1\n", "cfg.yml:1:1: interval: not a duration: '-1'"),
     ("windows: [1m, lifetime]\n", "cfg.yml:1:1: not a duration: 'lifetime'"),
     ("targets:\n  - {url: 'http://a:1/m', name: x}\n  - {url: 'http://b:1/m', name: x}\n",
      "share the name"),
@@ -315,9 +331,10 @@ def test_demo_port_in_use_names_its_owner() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--time-scale", "0"], "--time-scale must be greater than 0"),
+    (["--time-scale", "0"], "--time-scale: '0' must be a finite number greater than 0"),
     (["--switch-at", "soon"], "not a duration"),
-    (["--replicas", "0"], "--replicas must be between 1 and 64"),
+    (["--replicas", "0"], "--replicas: '0' must be 1 or more"),
+    (["--replicas", "65"], "--replicas must be between 1 and 64"),
 ])
 def test_demo_bad_flags_exit_2(args: list[str], message: str) -> None:
     r = _demo("--no-prometheus", *args)
@@ -362,3 +379,77 @@ def test_help_imports_only_what_it_shows(args: list[str], absent: tuple[str, ...
     loaded = set(proc.stdout.splitlines()[-1].split())
     found = [m for m in absent if m in loaded]
     assert not found, f"prefixwatch {' '.join(args)} imported {found}"
+
+
+@pytest.mark.parametrize("argv,flag,value", [
+    (["status", "--gap", "1s"], "gap", 1.0),
+    (["status", "--gap", "2"], "gap", 2.0),
+    (["status", "--cold-start", "30"], "cold_start", "30s"),
+    (["status", "--cold-start", "30s"], "cold_start", "30s"),
+    (["exporter", "--interval", "500ms"], "interval", 0.5),
+    (["exporter", "--timeout", "3"], "timeout", 3.0),
+    (["demo", "--duration", "3"], "duration", 3.0),
+    (["demo", "--duration", "5m"], "duration", 300.0),
+    (["report", "--prometheus", "http://127.0.0.1:9090", "--since", "1h"], "since", 3600.0),
+])
+def test_every_duration_takes_units_or_bare_seconds(argv: list[str], flag: str,
+                                                    value: object) -> None:
+    from prefixwatch.cli import _parse, build_parser
+
+    assert getattr(_parse(build_parser(), argv), flag) == value
+
+
+@pytest.mark.parametrize("argv", [
+    ["--log-level", "warning", "exporter"],
+    ["exporter", "--log-level", "warning"],
+    ["exporter", "--log-level=warning"],
+    ["status", "--log-level", "warning", "--gap", "1s"],
+])
+def test_global_options_before_or_after_the_command(argv: list[str]) -> None:
+    from prefixwatch.cli import _parse, build_parser
+
+    assert _parse(build_parser(), argv).log_level == "warning"
+
+
+def test_top_level_help_starts_with_the_demo() -> None:
+    r = run("--help")
+    assert r.returncode == 0
+    assert "Start here: prefixwatch demo --time-scale 0.05" in " ".join(r.stdout.split())
+    commands = re.findall(r"^    (\S+)\s", r.stdout, re.M)
+    assert commands[0] == "demo", commands
+
+
+def _help_texts() -> str:
+    from prefixwatch.cli import PRODUCT_COMMANDS
+
+    names_ = ["exporter", "status", "example-config", *PRODUCT_COMMANDS]
+    return "\n".join(run(name, "--help").stdout for name in names_)
+
+
+def test_help_points_only_to_what_an_installed_package_has() -> None:
+    """No help text names a file of the repository (an installed package has none); the
+    example configs they point to print from the package itself, equal to the repository's."""
+    from pathlib import Path
+
+    texts = _help_texts()
+    assert not re.search(r"\b\w+/[\w.-]+\.example\.yml", texts), texts
+    assert not re.search(r"(?<![/\w])docs/\w", " ".join(texts.split())), texts
+    assert "prefixwatch example-config exporter" in " ".join(texts.split())
+    root = Path(__file__).resolve().parents[1]
+    for which, repo_copy in (("exporter", "exporter/prefixwatch.example.yml"),
+                             ("mixin", "alerts/mixin.example.yml")):
+        r = run("example-config", which)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == (root / repo_copy).read_text(), which
+
+
+def test_placeholders_are_named_alike() -> None:
+    """One name per kind of value: N for a count, PORT, DURATION; never the flag's own name."""
+    texts = _help_texts()
+    for flag, shown in re.findall(r"--([a-z][a-z-]*) ([A-Z_]+)\b", texts):
+        assert flag.replace("-", "_").upper() not in (shown, "") or shown in (
+            "DURATION", "PORT", "HOST"), f"--{flag} {shown}: name the kind of value"
+    for flag in ("--replicas", "--sim-port", "--port", "--gap", "--interval", "--timeout",
+                 "--duration", "--since", "--cold-start"):
+        shown = set(re.findall(re.escape(flag) + r" ([A-Z_]+)", texts))
+        assert len(shown) <= 1 and not shown & {"P", "SECONDS", "REPLICAS"}, (flag, shown)

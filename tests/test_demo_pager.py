@@ -1,6 +1,7 @@
-"""The demo's page printer: a page sent before the exporter named a cause is followed on
-Alertmanager's API and the cause printed once Alertmanager's copy of the alert names it; a
-page that names its cause is printed once and not followed."""
+"""The demo's page printer: the page as the page says it (the diagnosis, the culprit and the
+largest miss each on its own line, in the alert's own words); a page sent before the exporter
+named a cause is followed on Alertmanager's API and the cause printed once Alertmanager's copy
+of the alert names it; a page that names its cause is printed once and not followed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from prefixwatch.demo.pager import NotificationPrinter
+from prefixwatch.demo.pager import NotificationPrinter, format_notification
 from prefixwatch.mixin.alerts import NO_DIAGNOSIS
 from tests.conftest import PageServer
 
@@ -70,3 +71,30 @@ def test_a_page_that_names_its_cause_is_not_followed(page_server, printed) -> No
     wait_until(lambda: "PAGE:" in out.getvalue())
     time.sleep(0.3)
     assert page_server.hits == 0 and f"diagnosis: {NAMED}" in out.getvalue()
+
+
+def test_the_page_in_the_terminal_names_the_culprit() -> None:
+    alert = {"status": "firing", "labels": {
+        "alertname": "PrefixCacheHitRateLow", "severity": "critical", "model_name": "m"},
+        "annotations": {
+            "summary": "Prefix-cache hit rate of m collapsed to 0.8% over 6s.",
+            "description": "The effective ... (a timestamp, an id, tool order). Diagnosis: "
+                           "prefix_divergence (https://x/runbooks.md#prefix_divergence) "
+                           "Culprit: a date/time at token 22 of the prompt changes on every "
+                           "request. Largest miss: layout (46.1% of prompt tokens).",
+            "runbook_url": "https://x/runbooks.md#prefixcachehitratelow"}}
+    lines = format_notification(alert)
+    assert lines[0].endswith("collapsed to 0.8% over 6s.")
+    assert lines[1:4] == [
+        "    diagnosis: prefix_divergence (https://x/runbooks.md#prefix_divergence)",
+        "    culprit:   a date/time at token 22 of the prompt changes on every request",
+        "    largest miss: layout (46.1% of prompt tokens)"]
+
+
+def test_a_page_without_a_culprit_says_only_what_it_has() -> None:
+    alert = {"status": "firing", "labels": {"alertname": "PrefixCacheHitRateLow",
+                                            "severity": "critical"},
+             "annotations": {"description": "Low. Diagnosis: none (no cause)."}}
+    lines = format_notification(alert)
+    assert lines[1] == "    diagnosis: none (no cause)."
+    assert not any("culprit" in line for line in lines)

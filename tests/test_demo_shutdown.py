@@ -97,3 +97,14 @@ def test_a_part_named_after_another_stops_once_that_one_has() -> None:
     parts.add("the exporter", lambda: (time.sleep(0.2), order.append("exporter")))
     assert parts.stop_all() == []
     assert order == ["exporter", "simulator"]
+
+
+def test_a_closed_terminal_stops_the_demo_like_sigterm() -> None:
+    """SIGHUP (the terminal closed) is handled like SIGTERM: Prometheus and Alertmanager run
+    in sessions of their own, so an unhandled SIGHUP would leave them orphaned."""
+    code = ("import os, signal, threading; from prefixwatch.simulator.cli import wait_for_signal;"
+            "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGHUP)).start();"
+            "print(wait_for_signal(10).name)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "SIGHUP", done.stderr

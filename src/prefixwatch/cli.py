@@ -25,6 +25,8 @@ log = logging.getLogger("prefixwatch")
 # The products' sub-commands: name -> (one-line help, module, parser builder, runner). The help
 # is the module's own (tests/test_cli.py checks they agree); a runner of None: run_<name> here.
 PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
+    "demo": ("start here: the whole stack on this machine, without Docker",
+             "prefixwatch.demo", "add_demo_parser", "run_demo"),
     "exporter": ("run the sidecar exporter",
                  "prefixwatch.exporter.cli", "add_exporter_parser", "run_exporter"),
     "status": ("one-shot view of the prefix cache, without Prometheus",
@@ -39,11 +41,15 @@ PRODUCT_COMMANDS: dict[str, tuple[str, str, str, str | None]] = {
                  "prefixwatch.mixin.cli", "add_generate_parser", "run_generate"),
     "audit": ("find where prompts stop sharing a prefix in a request log",
               "prefixwatch.audit.cli", "add_audit_parser", "run_audit"),
-    "demo": ("run the whole stack on this machine, without Docker",
-             "prefixwatch.demo", "add_demo_parser", "run_demo"),
     "report": ("write an incident report (HTML, Markdown, figures) from Prometheus",
                "prefixwatch.report.cli", "add_report_parser", None),
 }
+
+
+#: The example configurations shipped inside the package (`prefixwatch example-config`).
+EXAMPLES = {"exporter": "exporter.example.yml", "mixin": "mixin.example.yml"}
+#: Options of the top-level parser that may also follow the sub-command, with their values.
+GLOBAL_OPTIONS = ("--log-level",)
 
 
 class LazySubcommands(argparse._SubParsersAction):
@@ -93,16 +99,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="prefixwatch",
         description="Observability and alerting for the prefix cache of LLM servers "
-                    "(vLLM, SGLang).")
+                    "(vLLM, SGLang). Start here: prefixwatch demo --time-scale 0.05 (the whole "
+                    "stack on this machine; the page within about a minute).",
+        epilog="Durations are 30s, 5m, 1h or a bare number of seconds. Global options "
+               "(--log-level) go before or after the command.")
     parser.add_argument("--version", action="version", version=f"prefixwatch {__version__}")
-    parser.add_argument("--log-level", default="info",
+    parser.add_argument("--log-level", default=None,
                         choices=["debug", "info", "warning", "error"],
-                        help="logging level (default: info)")
+                        help="logging level (default: info; warning for status, whose table "
+                             "is the output)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 action=LazySubcommands)
 
     for name, (summary, module, builder, _) in PRODUCT_COMMANDS.items():
         sub.add_lazy(name, summary, module, builder)
+    ex = sub.add_parser(
+        "example-config", help="print an example configuration file, every key commented",
+        description="Print the example exporter config (--config of exporter and status) or "
+                    "mixin config (--config of rules, dashboards, generate and report), every "
+                    "key commented, to start your own from.",
+        epilog="Example: prefixwatch example-config exporter > prefixwatch.yml")
+    ex.add_argument("which", choices=sorted(EXAMPLES), help="which configuration")
     parser.set_defaults(_subparsers=sub.choices)
     return parser
 
@@ -110,11 +127,41 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Like parse_args, but a flag the sub-command does not know is reported by that
     sub-command's parser, so the message points at its --help, not the top-level one."""
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_globals_first(
+        list(sys.argv[1:] if argv is None else argv)))
     if extra:
         sub = args._subparsers.get(args.command, parser)
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _globals_first(argv: list[str]) -> list[str]:
+    """The global options moved before the sub-command, so that `prefixwatch exporter
+    --log-level warning` means what `prefixwatch --log-level warning exporter` does."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg.split("=", 1)[0] in GLOBAL_OPTIONS:
+            take = 1 if "=" in arg or i + 1 >= len(argv) else 2
+            front += argv[i:i + take]
+            i += take
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
+
+def run_example_config(args: argparse.Namespace) -> int:
+    from importlib.resources import files
+
+    sys.stdout.write(files("prefixwatch").joinpath("examples", EXAMPLES[args.which])
+                     .read_text(encoding="utf-8"))
+    return 0
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -132,7 +179,8 @@ def run_report(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = _parse(parser, argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+    level = args.log_level or ("warning" if args.command == "status" else "info")
+    logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code = _runner(args.command)(args)
@@ -149,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _runner(command: str) -> Callable[[argparse.Namespace], int]:
     """The function that runs a sub-command (a product's is imported from its module)."""
-    local = {"report": run_report}
+    local = {"report": run_report, "example-config": run_example_config}
     if command in local:
         return local[command]
     _, module, _, runner = PRODUCT_COMMANDS[command]

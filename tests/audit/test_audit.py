@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -384,3 +385,38 @@ def test_a_change_near_the_top_is_still_named(tmp_path: Path) -> None:
 def test_kind_guess_uses_the_shared_share(shared: float | None, decoded: bool,
                                           kind: str) -> None:
     assert guess_kind("Question 17: x", "Question 18: y", "", shared, decoded) == kind
+
+
+def test_the_answer_comes_first_and_rows_are_grouped(tmp_path: Path) -> None:
+    """One headline line names the culprit over every token it shows at (the seconds and the
+    minutes of one timestamp are one culprit), the share a fix would serve and the fix; the
+    rows follow grouped by what varies; where each request's own content starts is one
+    summed line, last."""
+    log = tmp_path / "requests.jsonl"
+    write_log(log, "timestamp-at-top", 200)
+    out = run(str(log), "--tokenizer", "builtin")
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert re.fullmatch(r"Culprit: a date/time at tokens \d+-\d+ of the prompt changes on every "
+                        r"request: \d+\.\d% of prompt tokens a layout fix would serve\. Fix: "
+                        r"Move the date or time out of the prefix.*", first), first
+    assert out.stdout.count("date/time (") == 1  # one group, however many positions
+    healthy = tmp_path / "healthy.jsonl"
+    write_log(healthy, "static-system-prompt", 60)
+    ok = run(str(healthy), "--tokenizer", "builtin")
+    lines = ok.stdout.splitlines()
+    assert lines[0].startswith("No culprit: the requests share their prefix"), lines[0]
+    own = [i for i, line in enumerate(lines) if line.startswith("own content (")]
+    assert len(own) == 1 and "summed" in lines[own[0] + 1], ok.stdout
+    as_json = json.loads(run(str(log), "--tokenizer", "builtin", "--format", "json").stdout)
+    assert as_json["headline"] == first
+
+
+def test_an_empty_log_is_an_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = run(str(empty))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"prefixwatch audit: error: no request in {empty}: the log is empty (a JSONL request "
+        "log has one request a line)"]

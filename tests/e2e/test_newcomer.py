@@ -116,7 +116,8 @@ def assert_the_suggested_status_shows_the_ledger(summary: list[str]) -> None:
     the prompt tokens went, from the replica's KV event stream."""
     suggested = next(line.split("try: ", 1)[1] for line in summary if "try: prefixwatch" in line)
     argv = suggested.split()
-    assert argv[:2] == ["prefixwatch", "status"] and "--kv-events" in argv, suggested
+    assert argv[:3] == ["prefixwatch", "status", "--config"], suggested
+    assert "kv_events:" in Path(argv[3]).read_text()  # every replica with its stream
     r = subprocess.run([sys.executable, "-m", "prefixwatch.cli", *argv[1:]],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -91,8 +91,9 @@ def test_status_command_prints_the_figures() -> None:
     r = status_of_a_simulated_server(cfg, "2", warm_up=1.0)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].split()[:3] == ["TARGET", "MODEL", "ENGINE"]
-    row = lines[1]
+    assert lines[0].startswith(f"{cfg.model} (") and " over 2s; cause: " in lines[0], lines[0]
+    assert lines[1] == "" and lines[2].split()[:3] == ["TARGET", "MODEL", "ENGINE"]
+    row = lines[3]
     assert cfg.model in row and "vllm_v1" in row and "%" in row
     bad = subprocess.run([sys.executable, "-m", "prefixwatch.cli", "status", "--target",
                           "http://127.0.0.1:9/metrics", "--gap", "0.1"], capture_output=True,

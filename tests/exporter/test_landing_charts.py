@@ -7,12 +7,13 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from prefixwatch.exporter.chartbins import BINS, bin_history
 from prefixwatch.exporter.charts import svg_chart
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
-from prefixwatch.exporter.landing import charts_section, render_landing
+from prefixwatch.exporter.landing import charts, charts_section, render_landing
 from prefixwatch.exporter.service import Exporter
 from tests import browser
 from tests.conftest import PageServer, with_counters
@@ -62,7 +63,8 @@ def test_every_label_value_is_escaped(vllm_page: str) -> None:
     html = render_landing(exporter.landing_inputs())
     assert "<img" not in html and "<b>x" not in html
     assert "&lt;img src=x onerror=" in html
-    assert html.count('<svg class="chart"') == 2  # the fleet and the one target
+    assert html.count('<svg class="chart big"') == 1  # the fleet's headline chart, with axes
+    assert html.count('<svg class="chart"') == 1  # the one target's card
 
 
 def test_landing_page_renders_in_chromium(vllm_page: str, tmp_path: Path) -> None:
@@ -77,7 +79,8 @@ def test_landing_page_renders_in_chromium(vllm_page: str, tmp_path: Path) -> Non
         body = requests.get(url, timeout=5).text
         assert "http-equiv='refresh'" in body and "src=" not in body  # nothing fetched
         loaded = browser.load(url)
-        assert loaded.dom.count('class="chart"') == 4  # one fleet chart, three targets
+        assert loaded.dom.count('class="chart big"') == 1  # one fleet chart, with axes
+        assert loaded.dom.count('class="chart"') == 3  # three targets' cards
         assert "diagnosis:" in loaded.dom
         assert loaded.console_errors == []
         shot = tmp_path / "landing.png"
@@ -113,8 +116,13 @@ def _page(page: str, queries: float, hits: float, ttft: float, slow: float,
 
 
 def _same_render(exporter: Exporter, now: float) -> str:
-    cached = charts_section(exporter.landing_inputs(), now)
-    assert cached == charts_section(exporter.landing_inputs(), now, cached=False)
+    """The cards drawn from the cache equal those drawn from scratch, and so do the fleet
+    charts the headline draws with axes."""
+    fleet, cached = charts(exporter.landing_inputs(), now)
+    fresh_fleet, fresh = charts(exporter.landing_inputs(), now, cached=False)
+    assert cached == fresh
+    assert ({m: c.svg_with_axes(0.5, m) for m, c in fleet.items()}
+            == {m: c.svg_with_axes(0.5, m) for m, c in fresh_fleet.items()})
     return cached
 
 
@@ -130,7 +138,12 @@ def test_charts_draw_the_ratio_that_pages(vllm_page: str) -> None:
         exporter.monitors[0].ingest(page, start + i * 10)
     html = charts_section(exporter.landing_inputs(), start + 600)
     assert "effective hit ratio" in html
-    assert html.count('<span class="ok">90.0%</span>') == 2, html  # the fleet and the target
+    assert html.count('<span class="ok">90.0%</span>') == 1, html  # the target's card
+    fleet = charts(exporter.landing_inputs(), start + 600)[0][MODEL]
+    assert fleet.current() == pytest.approx(0.9)  # the headline's chart, with axes
+    axes = fleet.svg_with_axes(0.5, "fleet")
+    assert all(f">{tick}%</text>" in axes for tick in (0, 25, 50, 75, 100)), axes
+    assert len(re.findall(r">\d\d:\d\d:\d\d</text>", axes)) == 5  # clock times below
 
 
 def test_landing_page_fits_1280_pixels(vllm_page: str, tmp_path: Path) -> None:
@@ -175,10 +188,10 @@ def test_cached_render_equals_a_fresh_one(vllm_page: str) -> None:
         if i % 9 != 4:  # b misses a poll now and then: it lags a
             b.ingest(_page(vllm_page, queries, hits / 2, ttft, slow), now + 1.5)
         html = _same_render(exporter, now + 3)
-        widths.add(re.search(r"one point per ([^;]+);", html).group(1))
+        widths.add(re.search(r"one point per ([^<]+)<", html).group(1))
         if i == 45:
             assert OTHER in html
-    assert html.count('<svg class="chart"') == 2 + 3  # two fleet charts, three target charts
+    assert html.count('<svg class="chart"') == 3  # three target charts (the fleets': above)
     assert "TTFT p50 peak" in html and len(widths) >= 2
 
 
@@ -194,3 +207,48 @@ def test_cached_render_equals_a_fresh_one_over_an_hour(vllm_page: str) -> None:
         if i == 740 or (i > 760 and i % 2):
             html = _same_render(exporter, start + i * 5.0)
     assert "the last 60 min, one point per 75 s" in html and "TTFT p50 peak" in html
+
+
+def test_the_first_screen_answers(vllm_page: str, tmp_path: Path) -> None:
+    """At 1280x800, above the fold: the fleet's hit ratio now, the culprit in words and the
+    chart with axes; the tables come after (chromium measures where each one is)."""
+    from prefixwatch.core.story import Culprit
+
+    exporter = _exporter("http://127.0.0.1:9/metrics", "http://127.0.0.1:10/metrics")
+    _regression(exporter, vllm_page)
+    with exporter.state.lock:
+        exporter.state.culprits = {MODEL: Culprit("date/time", 19, 0.9)}
+    page = render_landing(exporter.landing_inputs()).replace("</body>", (
+        "<script>for (const [name, sel] of [['ratio', '.story .big'], ['culprit', '.culprit'],"
+        " ['chart', 'svg.big'], ['tables', 'table.targets']]) {"
+        " const r = document.querySelector(sel).getBoundingClientRect();"
+        " document.body.setAttribute('data-' + name, Math.round(r.bottom)); }</script></body>"))
+    path = tmp_path / "landing.html"
+    path.write_text(page)
+    dom = browser.load(path.as_uri(), width=1280, height=800).dom
+    bottom = {k: int(re.search(rf'data-{k}="(\d+)"', dom).group(1))
+              for k in ("ratio", "culprit", "chart", "tables")}
+    assert bottom["ratio"] < bottom["culprit"] < bottom["chart"] <= 800, bottom
+    assert bottom["tables"] > bottom["chart"], bottom
+    assert "3.0%" in page and "a date/time at token 19 of the prompt changes on every " \
+        "request" in page
+    assert ">100%</text>" in page and ">0%</text>" in page  # the chart's axis
+
+
+def test_every_kv_count_is_explained_where_it_appears(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """unknown_block 129 on the landing page comes with what it means, under the table."""
+    from prefixwatch.core.vocab import exposition
+    from prefixwatch.exporter.kvsubscriber.source import FleetRegistry, KvSource
+    from prefixwatch.exporter.landing import kv_section
+
+    assert set(exposition.KV_ERROR_MEANINGS) == set(exposition.KV_ERROR_REASONS)
+    exporter = _exporter("http://127.0.0.1:9/metrics")
+    source = KvSource("vllm-0", FleetRegistry())
+    source.count(exposition.KV_ERROR_UNKNOWN_BLOCK, 129)
+    source.count(exposition.KV_ERROR_UNKNOWN_PARENT, 56)
+    monkeypatch.setattr(exporter.kv, "all_sources", lambda: [source])
+    section = kv_section(exporter.landing_inputs())
+    assert "unknown_block 129" in section and "unknown_parent 56" in section
+    for reason in (exposition.KV_ERROR_UNKNOWN_BLOCK, exposition.KV_ERROR_UNKNOWN_PARENT):
+        assert f"<code>{reason}</code>: {exposition.KV_ERROR_MEANINGS[reason]}" in section

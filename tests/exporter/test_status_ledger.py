@@ -87,3 +87,19 @@ def test_a_failing_event_ledger_never_stops_the_polling(page_server, vllm_page, 
     exporter.poll_round()
     assert exporter.monitors[0].view.up and exporter.rounds == 2
     assert caplog.text.count("kv event ledger failed") == 4
+
+
+def test_status_hints_name_only_flags_status_takes() -> None:
+    """A hint that names a flag `status` rejects sends a newcomer into an error."""
+    import re
+
+    from prefixwatch.cli import build_parser
+    from prefixwatch.exporter.status import LEDGER_NEEDS_LOG, StatusRow, render
+
+    parser = build_parser()
+    status = parser._subparsers._group_actions[0].build("status")  # type: ignore[union-attr]
+    takes = {s for a in status._actions for s in a.option_strings}
+    said = LEDGER_NEEDS_LOG + render([StatusRow("t", "m", "vllm", "vllm_v1")], 5.0)
+    assert "Diagnosis over the 5s gap" in said
+    named = set(re.findall(r"(?<!exporter's )(--[a-z-]+)", said))
+    assert named <= takes, named - takes

@@ -182,7 +182,9 @@ def test_status_shows_both_ratios_and_the_tier_split() -> None:
                     tier_split={"device": 0.4, "host": 0.48, "disk": 0.0, "remote": 0.0,
                                 "unknown": 0.0, "recomputed": 0.12})
     text = render([row], 5.0)
-    header, line = text.splitlines()[:2]
+    story, blank, header, line = text.splitlines()[:4]
+    assert story == (f"{MODEL} (vllm-0): effective hit ratio 88.0% over 5s; cause: none "
+                     "diagnosed") and blank == ""
     assert "HIT(5s)" in header and "EFF(5s)" in header and "EFF(life)" in header
     assert "40.0%" in line and "88.0%" in line and "87.0%" in line
     assert "device 40.0%, host 48.0%, recomputed 12.0%" in text

@@ -103,7 +103,7 @@ def test_writes_html_markdown_and_figures(run) -> None:
     assert written.figures[0].read_bytes().startswith(b"\x89PNG")
     md = written.markdown.read_text()
     for needle in ("## Timeline", f"{rulenames.ALERT_LOW} (critical) firing", "resolved",
-                   "recovered", "| hit ratio, fleet (device) |", "TTFT p95",
+                   "recovered", "| device hit ratio, fleet (over ", "TTFT p95",
                    "recomputed because of the incident", "not available"):
         assert needle in md, needle
     html = written.html.read_text()

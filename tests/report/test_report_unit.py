@@ -21,7 +21,9 @@ def test_unreachable_prometheus_is_one_line_and_exit_2(capsys, tmp_path) -> None
 
 
 def test_bad_flags_exit_2(capsys) -> None:
-    assert main(["report", "--prometheus", "http://x", "--since", "soon"]) == 2
+    with pytest.raises(SystemExit) as exited:  # argparse's own one line: a bad duration
+        main(["report", "--prometheus", "http://x", "--since", "soon"])
+    assert exited.value.code == 2
     assert main(["report", "--prometheus", "ftp://x", "--since", "1h"]) == 2
     assert main(["report", "--prometheus", "http://x", "--from", "2026-01-02T00:00:00Z",
                  "--to", "2026-01-01T00:00:00Z"]) == 2
@@ -61,3 +63,90 @@ def test_parse_time_rejects(value: str) -> None:
 
     with pytest.raises(ConfigError):
         parse_time(value)
+
+
+def _data(**extra):
+    """A report's data for one simulated incident at time scale 0.05: healthy, a cold start
+    that ended before the drop, then prefix_divergence from the drop on."""
+    from prefixwatch.report.model import PhaseStats, ReportData
+    from prefixwatch.report.timeline import AlertFiring, Crossings, Phase
+
+    def stats(name: str, start: float, end: float, value: float) -> PhaseStats:
+        return PhaseStats(Phase(name, start, end), value, value,
+                          {"r0": value, "r1": value}, {0.5: 0.1, 0.95: 0.2}, 1e6, 1e6 * value,
+                          judged=value)
+
+    fields = dict(
+        prometheus="http://p", model="m", models=["m"], start=0.0, end=100.0, step=1.0,
+        window=6.000000000000001, threshold=0.7, fleet=[(t, 0.9 if t < 44 else 0.008)
+                                                         for t in range(100)],
+        device=[], replicas={}, ttft={}, diagnosis={
+            "cold_start": [("r0", Interval(0.0, 30.0))],
+            "prefix_divergence": [("r0", Interval(45.0, 100.0, open=True))]},
+        alerts=[AlertFiring("PrefixCacheHitRateLow", "critical", {}, Interval(50.0, 100.0,
+                                                                              open=True))],
+        crossings=Crossings(first_drop=44.0), phases=[stats("before", 6, 38, 0.88),
+                                                       stats("during", 50, 100, 0.008)],
+        tiers=None, ledger=None, replica_window=15.0,
+        culprit="a date/time at token 22 of the prompt changes on every request")
+    return ReportData(**{**fields, **extra})
+
+
+def test_summary_tells_the_story_with_the_root_cause_that_held_at_the_drop() -> None:
+    from prefixwatch.report.render import render_html, render_markdown
+
+    data = _data()
+    md, page = render_markdown(data, []), render_html(data, [])
+    story = ("fleet effective hit ratio 0.8% over 6s; cause: prefix_divergence; culprit: a "
+             "date/time at token 22 of the prompt changes on every request")
+    for text in (md, page):
+        assert story in text and "Summary" in text
+        assert "Root cause: prefix_divergence: a date/time at token 22" in text.replace(
+            "<li>", "")
+        assert "cold_start" not in text.split("Summary")[1].split("Timeline")[0]
+    assert "88.0% -> 0.8%" in md
+    assert "replica r0 (over 15s)" in md and "fleet (over 6s)" in md  # each its own window
+    assert "(2m, 6s)" not in md
+
+
+def test_impact_says_why_a_side_is_missing() -> None:
+    from prefixwatch.report.render import render_markdown
+
+    md = render_markdown(_data(phases=[]), [])
+    assert "- -> -" not in md
+    assert "the range holds no phase longer than the 6s window" in md
+
+
+def test_the_ledger_stack_never_passes_all_the_prompt_tokens() -> None:
+    from prefixwatch.report.figures import stackable_shares
+
+    ledger = {"achieved": [(0, 0.01)], "layout": [(0, 0.85)], "novel": [(0, 0.2)],
+              "unexplained": [(0, -0.06)], "output": [(0, 0.02)]}
+    shares = stackable_shares(ledger)
+    assert "output" not in shares
+    assert sum(v for s in shares.values() for _, v in s) == pytest.approx(1.0)
+    assert dict(shares["unexplained"])[0] == 0.0
+
+
+def test_the_rules_time_scale_is_read_from_prometheus() -> None:
+    """Without --config, a report on the demo's Prometheus reads the windows that paged."""
+    from prefixwatch.core.story import window_words
+    from prefixwatch.core.vocab import rulenames, settings
+    from prefixwatch.core.vocab.windows import parse_duration
+    from prefixwatch.report.collect import Collector
+    from prefixwatch.report.model import Request, recorded
+
+    class Rules:
+        base = "http://p"
+
+        def rule_expressions(self) -> dict[str, str]:
+            num = recorded(settings.HIT_RATIO_EFFECTIVE, settings.CRITICAL_SHORT_WINDOW).num
+            scaled = window_words(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
+            return {num: "sum by (model_name) (rate(prefixwatch_prompt_tokens_cached_total"
+                         f"[{scaled}]))",
+                    rulenames.R_LEDGER_SHARE: "x"}
+
+    collector = Collector(Rules(), Request(0, 100, 0.7))  # type: ignore[arg-type]
+    assert collector.req.time_scale == pytest.approx(0.05)
+    assert collector.window == pytest.approx(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
+    assert "time scale 0.05" in collector.notes[0]

@@ -20,6 +20,7 @@ from prefixwatch.audit.analysis import Auditor, Report, diff
 from prefixwatch.core.cache.requestledger import COUNTED as LEDGER_COUNTED
 from prefixwatch.core.cache.requestledger import Parts
 from prefixwatch.core.cache.requestledger import table as ledger_table
+from prefixwatch.core.cache.whatvaries import FIXES, OWN_CONTENT
 from prefixwatch.core.errors import ConfigError, PrefixwatchError
 from prefixwatch.core.kv.poolcurve import PoolCurve, verdict
 from prefixwatch.core.logs.formats import BadLine, LogRequest, read_jsonl
@@ -30,6 +31,7 @@ from prefixwatch.core.logs.tokenizers import (
     Tokenizer,
     open_tokenizer,
 )
+from prefixwatch.core.story import NOT_CULPRITS, Culprit, percent
 
 log = logging.getLogger("prefixwatch.audit")
 BATCH = 64
@@ -71,7 +73,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --kv-blocks, replay at N blocks only (one replay, not five)")
     p.add_argument("--format", choices=["text", "json"], default="text",
                    help="a readable report (default) or JSON for CI")
-    p.add_argument("--top", type=int, default=10, help="divergence positions to show")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="divergence positions to show")
     p.add_argument("--redact", action="store_true",
                    help="hide the decoded context (logs hold user data)")
     p.add_argument("--fail-under", type=float, metavar="RATE",
@@ -185,14 +187,22 @@ def _run_log(args: argparse.Namespace) -> int:
         where, why = report.bad_lines[0]
         raise ConfigError(f"no request could be read: {len(report.bad_lines)} line(s) "
                           f"skipped (first, {where}: {why})")
+    if not report.requests:
+        raise ConfigError(f"no request in {', '.join(args.logs)}: the log is empty (a JSONL "
+                          "request log has one request a line)")
     for where, why in report.bad_lines[:_WARN_LINES]:
         log.warning("%s: skipped: %s", where, why)
     if len(report.bad_lines) > _WARN_LINES:
         log.warning("%d more lines skipped", len(report.bad_lines) - _WARN_LINES)
-    top = report.top_divergences(tok.decode, args.top, args.redact, decoded=text_capable)
+    top = report.top_divergences(tok.decode, max(args.top, GROUPED), args.redact,
+                                 decoded=text_capable)
+    said = answer(report, top, auditor)
+    top = top[:args.top]
     if args.format == "json":
-        print(json.dumps({**_as_json(report, top), "ledger": _ledger_json(auditor)}, indent=2))
+        print(json.dumps({"headline": said, **_as_json(report, top),
+                          "ledger": _ledger_json(auditor)}, indent=2))
     else:
+        print(said + "\n")
         print(_as_text(report, top))
         print("\nThe ledger: where every prompt token went (docs/runbooks.md#the-hit-rate-ledger)")
         totals = auditor.ledger.totals
@@ -204,6 +214,42 @@ def _run_log(args: argparse.Namespace) -> int:
     if args.fail_under is not None and (rate is None or rate < args.fail_under):
         return 1
     return 0
+
+
+#: Divergence positions read to find the culprit and group the rows (the table shows --top).
+GROUPED = 64
+
+
+def culprit(report: Report, top: list[dict]) -> Culprit | None:
+    """The kind behind most early divergences, over every position it shows at (the rows of
+    ``top``), with its share of the requests (core/story.py words it)."""
+    kinds: dict[str, list[dict]] = {}
+    for row in top:
+        if row["kind"] not in NOT_CULPRITS:
+            kinds.setdefault(row["kind"], []).append(row)
+    if not kinds or not report.requests:
+        return None
+    kind, rows = max(kinds.items(), key=lambda kv: sum(r["count"] for r in kv[1]))
+    positions = [r["position"] for r in rows]
+    return Culprit(kind, min(positions), sum(r["count"] for r in rows) / report.requests,
+                   max(positions))
+
+
+def answer(report: Report, top: list[dict], auditor: Auditor) -> str:
+    """The audit's answer in one line: the culprit, the prompt tokens a fix would serve, the
+    fix; or that the prompts share their prefix up to each request's own content."""
+    found = culprit(report, top)
+    if found is None:
+        return (f"No culprit: the requests share their prefix up to their own content; an "
+                f"unlimited cache serves {percent(report.achievable_hit_rate)} of the prompt "
+                "tokens.")
+    totals = auditor.ledger.totals
+    layout = totals.layout / totals.prompt if totals.prompt and (
+        "layout" not in auditor.ledger.unmeasured()) else None
+    lost = (f"{percent(layout)} of prompt tokens a layout fix would serve"
+            if layout else f"an unlimited cache serves only "
+                           f"{percent(report.achievable_hit_rate)} of prompt tokens")
+    return f"Culprit: {found.words}: {lost}. Fix: {FIXES.get(found.kind, '')}"
 
 
 def _progress(off: bool) -> Any:
@@ -256,7 +302,7 @@ def _curve_text(curve: PoolCurve, totals: Parts, kv_blocks: int) -> list[str]:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    return percent(value)
 
 
 def _as_text(report: Report, top: list[dict]) -> str:
@@ -276,17 +322,30 @@ def _as_text(report: Report, top: list[dict]) -> str:
         lines.append(f"skipped lines       {len(report.bad_lines)} (first: "
                      f"{report.bad_lines[0][0]}: {report.bad_lines[0][1]})")
     if top:
-        lines += ["", "Where requests stop matching earlier ones (most frequent first):", "",
-                  f"{'POSITION':>8}  {'REQUESTS':>8}  {'KIND':<11}  CONTEXT"]
-        for row in top:
-            context = row["context"].replace("\n", "\\n")
-            lines.append(f"{row['position']:>8}  {row['count']:>8}  {row['kind']:<11}  "
-                         f"{context[:160]}")
-        lines += ["", "Fixes (docs/runbooks.md, PrefixCacheHitRateLow):"]
-        for kind in dict.fromkeys(row["kind"] for row in top):
-            fix = next(r["fix"] for r in top if r["kind"] == kind)
-            lines.append(f"  {kind}: {fix}")
+        lines += ["", "Where requests stop matching earlier ones, by what varies there "
+                      "(most requests first):"]
+        for kind, rows in _grouped(top):
+            lines += ["", f"{kind} ({sum(r['count'] for r in rows)} requests): "
+                          f"{rows[0]['fix']}"]
+            if kind == OWN_CONTENT:
+                positions = sorted(r["position"] for r in rows)
+                lines.append(f"  {len(rows)} positions from token {positions[0]} to "
+                             f"{positions[-1]}, summed")
+                continue
+            lines.append(f"  {'POSITION':>8}  {'REQUESTS':>8}  CONTEXT")
+            for row in rows:
+                context = row["context"].replace("\n", "\\n")
+                lines.append(f"  {row['position']:>8}  {row['count']:>8}  {context[:150]}")
     return "\n".join(lines)
+
+
+def _grouped(top: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The rows by kind, the kinds by their requests (own content, nothing to fix, last)."""
+    kinds: dict[str, list[dict]] = {}
+    for row in top:
+        kinds.setdefault(row["kind"], []).append(row)
+    return sorted(kinds.items(), key=lambda kv: (kv[0] == OWN_CONTENT,
+                                                 -sum(r["count"] for r in kv[1]), kv[0]))
 
 
 def _run_diff(args: argparse.Namespace) -> int:

@@ -35,6 +35,11 @@ REQUEST_LOG_MAX_MB = 64
 #: assets) under /classic/.
 PROMETHEUS_PAGES = {"alerts": ("/alerts", "/classic/alerts"),
                     "graph": ("/graph", "/classic/graph")}
+#: Alertmanager's web UI, and its API for a build without one (Debian's package serves a
+#: placeholder page at / that says so).
+ALERTMANAGER_UI = "/#/alerts"
+ALERTMANAGER_API = "/api/v2/alerts"
+PLACEHOLDER_MARK = "does not include a web application"
 READY_TIMEOUT = 30.0
 
 
@@ -111,6 +116,20 @@ class Backends:
             self._wait_ready(name, f"http://127.0.0.1:{port}/-/ready", logs / f"{name}.log")
         self.pages = {page: self._ui_path(candidates)
                       for page, candidates in PROMETHEUS_PAGES.items()}
+        self.pages["alertmanager"] = self._alertmanager_page()
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://127.0.0.1:{self.am_port}"
+
+    def _alertmanager_page(self) -> str:
+        """Alertmanager's UI when this build has one, else its API's list of alerts (a
+        placeholder page is no use to anyone)."""
+        with contextlib.suppress(requests.RequestException):
+            resp = requests.get(self.alertmanager_url + "/", timeout=5)
+            if resp.status_code == 200 and PLACEHOLDER_MARK not in " ".join(resp.text.split()):
+                return ALERTMANAGER_UI
+        return ALERTMANAGER_API
 
     def _ui_path(self, candidates: tuple[str, ...]) -> str:
         """The first of the candidate paths this Prometheus answers with 200 (the UI moved
@@ -125,8 +144,11 @@ class Backends:
     def _spawn(self, name: str, argv: list[str], log_path: Path) -> None:
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         try:
+            # A session of its own: Ctrl-C at the terminal goes to the terminal's foreground
+            # process group, and must reach the demo alone, which writes the incident report
+            # from this Prometheus before it stops it.
             proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             log_file.close()
             raise ConfigError(f"cannot start {name} ({argv[0]}): {exc.strerror}") from exc

@@ -22,10 +22,23 @@ from prefixwatch.mixin.alerts import NOT_YET
 log = logging.getLogger("prefixwatch.demo")
 
 
-def _diagnosis(description: str) -> str:
-    """The ``Diagnosis: ...`` clause the alert rules append to each description."""
-    _, sep, diagnosis = description.partition(" Diagnosis: ")
-    return diagnosis.strip() if sep else "-"
+#: The clauses the alert rules append to a description, in their order.
+CLAUSES = (("diagnosis", " Diagnosis: "), ("culprit", " Culprit: "),
+           ("ledger", " Largest miss: "))
+
+
+def clauses(description: str) -> dict[str, str]:
+    """The ``Diagnosis:``, ``Culprit:`` and ``Largest miss:`` clauses of a description, each
+    without its label ('-' for an absent diagnosis)."""
+    found: dict[str, str] = {}
+    rest = description
+    for name, mark in reversed(CLAUSES):
+        head, sep, text = rest.partition(mark)
+        if sep:
+            found[name] = text.strip().rstrip(".") if name != "diagnosis" else text.strip()
+            rest = head
+    found.setdefault("diagnosis", "-")
+    return found
 
 
 def format_notification(alert: dict[str, Any]) -> list[str]:
@@ -41,7 +54,12 @@ def format_notification(alert: dict[str, Any]) -> list[str]:
              f"({severity or 'no severity'}{', model ' + model if model else ''}) "
              f"{notes.get('summary', '')}".rstrip()]
     if alert.get("status") != "resolved":
-        lines.append(f"    diagnosis: {_diagnosis(notes.get('description', ''))}")
+        said = clauses(notes.get("description", ""))
+        lines.append(f"    diagnosis: {said['diagnosis']}")
+        if "culprit" in said:
+            lines.append(f"    culprit:   {said['culprit']}")
+        if "ledger" in said:
+            lines.append(f"    largest miss: {said['ledger']}")
     if notes.get("runbook_url"):
         lines.append(f"    runbook:   {notes['runbook_url']}")
     return lines
@@ -125,7 +143,7 @@ class NotificationPrinter:
                     self.pages += 1
                 self._print(lines)
             description = (alert.get("annotations") or {}).get("description", "")
-            if page and self.alertmanager_url and _diagnosis(description).startswith(
+            if page and self.alertmanager_url and clauses(description)["diagnosis"].startswith(
                     NOT_YET):
                 threading.Thread(target=self._follow, name="diagnosis-follower", daemon=True,
                                  args=(str(alert.get("fingerprint")), time.monotonic())).start()
@@ -150,11 +168,14 @@ class NotificationPrinter:
             for alert in alerts if isinstance(alerts, list) else []:
                 if not isinstance(alert, dict) or alert.get("fingerprint") != fingerprint:
                     continue
-                said = _diagnosis((alert.get("annotations") or {}).get("description", ""))
-                if not said.startswith(NOT_YET) and said != "-":
+                said = clauses((alert.get("annotations") or {}).get("description", ""))
+                if not said["diagnosis"].startswith(NOT_YET) and said["diagnosis"] != "-":
+                    lines = [f"    diagnosis: {said['diagnosis']} (named "
+                             f"{time.monotonic() - paged:.0f}s after the page)"]
+                    if "culprit" in said:
+                        lines.append(f"    culprit:   {said['culprit']}")
                     with self._lock:
-                        self._print([f"    diagnosis: {said} (named "
-                                     f"{time.monotonic() - paged:.0f}s after the page)"])
+                        self._print(lines)
                     return
 
     def stop(self) -> None:

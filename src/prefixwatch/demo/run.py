@@ -21,14 +21,19 @@ import shutil
 import signal
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
 
+import yaml
+
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.ports import port_free, port_in_use_message
-from prefixwatch.core.vocab import causes, exposition, rulenames
+from prefixwatch.core.vocab import causes, exposition, rulenames, settings
 from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.demo.backends import (
+    ALERTMANAGER_API,
     ALERTMANAGER_BINARIES,
     DEFAULT_SWITCH_AT,
     INSTALL_HINT,
@@ -53,11 +58,15 @@ log = logging.getLogger("prefixwatch.demo")
 #: Seconds before the shutdown's deadline at which Prometheus or Alertmanager, still running,
 #: is killed.
 KILL_MARGIN = 0.25
+#: The range of --time-scale: below it the scaled timers (a 15 s scrape, a 30 s group wait)
+#: fall under the millisecond Prometheus counts in; above it the story takes days.
+MIN_TIME_SCALE = 0.01
+MAX_TIME_SCALE = 10.0
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "demo", help="run the whole stack on this machine, without Docker",
+        "demo", help="start here: the whole stack on this machine, without Docker",
         description="Run the prefixwatch stack without Docker: simulator (or your vLLM), "
                     "exporter, and Prometheus and Alertmanager when installed, from the same "
                     "config as docker-compose.yml. With no --vllm, two simulated vLLM replicas "
@@ -68,29 +77,32 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vllm", action="append", metavar="URL",
                    help="watch this vLLM /metrics URL instead of the simulator; repeat "
                         "(default: $VLLM_TARGETS or $PREFIXWATCH_TARGETS if set)")
-    p.add_argument("--replicas", type=int, default=2, help="simulated replicas (default 2)")
+    p.add_argument("--replicas", type=cliargs.count, default=2, metavar="N",
+                   help="simulated replicas (default 2)")
     p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
                    help="what the simulated replicas stand in for: vLLM or SGLang (its radix "
                         "cache, /metrics and KV events) (default vllm)")
-    p.add_argument("--page-size", type=int, default=1, metavar="N",
+    p.add_argument("--page-size", type=cliargs.count, default=1, metavar="N",
                    help="with --engine sglang: SGLang's --page-size (default 1)")
-    p.add_argument("--scenario",
+    p.add_argument("--scenario", metavar="NAME",
                    help="workload before the switch (default static-system-prompt; with "
                         "--router, prefix-affinity)")
-    p.add_argument("--switch-to", default="timestamp-at-top",
+    p.add_argument("--switch-to", default="timestamp-at-top", metavar="NAME",
                    help="workload after the switch (default timestamp-at-top)")
-    p.add_argument("--switch-at", metavar="DURATION",
+    p.add_argument("--switch-at", metavar="DURATION", type=cliargs.duration,
                    help=f"when the regression lands, scaled by --time-scale (default "
                         f"{mixin_config.prom_duration(DEFAULT_SWITCH_AT)}: a minute after the "
                         f"{causes.COLD_START} cold start)")
-    p.add_argument("--rate", type=float, default=4.0, help="requests per second (default 4)")
-    p.add_argument("--sim-port", type=int, default=8000,
+    p.add_argument("--rate", type=cliargs.positive_factor, default=4.0, metavar="REQ_PER_S",
+                   help="requests per second (default 4)")
+    p.add_argument("--sim-port", type=cliargs.port, default=8000, metavar="PORT",
                    help="first simulator port (default 8000; 0 = any free port)")
     p.add_argument("--listen-address", default=f"127.0.0.1:{exposition.DEFAULT_PORT}",
+                   metavar="HOST:PORT",
                    help=f"exporter address (default 127.0.0.1:{exposition.DEFAULT_PORT})")
-    p.add_argument("--prometheus-port", type=int, default=9090,
+    p.add_argument("--prometheus-port", type=cliargs.port, default=9090, metavar="PORT",
                    help="Prometheus port on 127.0.0.1 (default 9090)")
-    p.add_argument("--alertmanager-port", type=int, default=9093,
+    p.add_argument("--alertmanager-port", type=cliargs.port, default=9093, metavar="PORT",
                    help="Alertmanager port on 127.0.0.1 (default 9093)")
     p.add_argument("--no-prometheus", action="store_true",
                    help="do not start Prometheus and Alertmanager even when installed")
@@ -98,13 +110,14 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep the demo's state here: request log, dashboards, Prometheus and "
                         "Alertmanager data and logs (default: a temporary directory removed "
                         "on exit)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="FACTOR",
+    p.add_argument("--time-scale", type=time_scale, default=1.0, metavar="FACTOR",
                    help="compress every duration of the story by FACTOR: switch time, cold "
                         "start, diagnosis and rule windows, `for:`, scrape intervals and "
                         "Alertmanager timers (0.05: the page within about a minute); "
-                        "1 = real time")
-    p.add_argument("--duration", metavar="DURATION",
-                   help="stop after this long, in wall-clock time (not scaled)")
+                        f"1 = real time; {MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g}")
+    p.add_argument("--duration", metavar="DURATION", type=cliargs.duration,
+                   help="stop after this long, in wall-clock time (not scaled), e.g. 10m or "
+                        "600 (seconds)")
     p.add_argument("--router", choices=tuple(router_binaries), metavar="KIND",
                    help="put a real router (vllm-router or smg: pip install "
                         "'prefixwatch[routers]') between the workload and the simulated "
@@ -147,17 +160,22 @@ def _check_ports(args: argparse.Namespace, simulate: bool, backends: bool) -> No
             raise ConfigError(port_in_use_message(port, what, flag, host))
 
 
+def time_scale(text: str) -> float:
+    """argparse type of --time-scale: a finite factor the scaled windows survive (below
+    MIN_TIME_SCALE a second-long timer would round to nothing)."""
+    value = cliargs.positive_factor(text)
+    if not MIN_TIME_SCALE <= value <= MAX_TIME_SCALE:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is out of range ({MIN_TIME_SCALE:g} to {MAX_TIME_SCALE:g}; 0.05 puts "
+            "the page within about a minute)")
+    return value
+
+
 def _validate(args: argparse.Namespace) -> tuple[float, float | None]:
-    if args.time_scale <= 0:
-        raise ConfigError("--time-scale must be greater than 0")
-    try:
-        switch_at = parse_duration(args.switch_at) if args.switch_at else DEFAULT_SWITCH_AT
-        duration = parse_duration(args.duration) if args.duration else None
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    switch_at = args.switch_at if args.switch_at else DEFAULT_SWITCH_AT
     if not 1 <= args.replicas <= 64:
         raise ConfigError("--replicas must be between 1 and 64")
-    return switch_at * args.time_scale, duration
+    return switch_at * args.time_scale, args.duration
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -209,9 +227,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 [{"url": routed_workload.spec.metrics_url, "name": "router", "kind": "router"}]
                 if routed_workload else []), listen_address=args.listen_address,
             interval=max(0.5, exposition.DEFAULT_INTERVAL_SECONDS * scale),
-            windows=[scaled(w, scale) for w in exposition.DEFAULT_WINDOWS] if scale != 1 else None,
-            diagnosis_window=scaled(causes.DIAGNOSIS_WINDOW, scale),
+            windows=story_windows(scale),
+            diagnosis_window=diagnosis_window(scale),
             cold_start=scaled(causes.COLD_START, scale), requests_log=requests_log))
+        config = replace(config, thresholds=replace(
+            config.thresholds, min_requests=min_requests(config.thresholds, scale)))
         exporter = Exporter(config)
         if sim is not None:
             sim.start()
@@ -236,8 +256,10 @@ def run_demo(args: argparse.Namespace) -> int:
             parts.add_with_deadline("Prometheus and Alertmanager",
                                     lambda deadline: backends.stop(deadline - KILL_MARGIN))
             backends.start(binaries[0], binaries[1], printer.url)  # type: ignore[arg-type]
+        status_file = _write_status_config(state, _with_kv_events(targets, sim), scale,
+                                           requests_log)
         print(_summary(args, sim, targets, exporter, backends, printer, state, switch_at,
-                       routed_workload), flush=True)
+                       status_file, routed_workload), flush=True)
         began = time.time()
         received = wait_for_signal(duration)
         # Ctrl-C is someone at the terminal who wants the run's report; SIGTERM is a
@@ -294,6 +316,50 @@ def _scenario(args: argparse.Namespace) -> str:
     return "prefix-affinity" if args.router else "static-system-prompt"
 
 
+def story_windows(scale: float) -> list[str]:
+    """The exporter's windows: the paging window first (the landing page's headline reads
+    the first, so it names the ratio and window the page names), then the defaults; all
+    scaled."""
+    wanted = [settings.CRITICAL_SHORT_WINDOW, *exposition.DEFAULT_WINDOWS]
+    return list(dict.fromkeys(scaled(w, scale) for w in wanted))
+
+
+def diagnosis_window(scale: float) -> str:
+    """The demo's diagnosis window: under a time scale, twice the paging window (enough
+    requests not to flap, short enough that the cause is known when the compressed page
+    fires); at 1, the exporter's default."""
+    if scale == 1:
+        return causes.DIAGNOSIS_WINDOW
+    return scaled(min(parse_duration(causes.DIAGNOSIS_WINDOW),
+                      2 * parse_duration(settings.CRITICAL_SHORT_WINDOW)), scale)
+
+
+def min_requests(thresholds: causes.DiagnosisThresholds, scale: float) -> int:
+    """The requests a diagnosis needs: a time scale compresses the windows, not the traffic,
+    so a scaled window holds that many times fewer requests (at least 5)."""
+    return thresholds.min_requests if scale >= 1 else max(
+        5, min(thresholds.min_requests, round(thresholds.min_requests * scale * 5)))
+
+
+def _write_status_config(state: Path, targets: list, scale: float,
+                         requests_log: dict | None) -> Path:
+    """A config for `prefixwatch status` that sees what the demo's exporter sees: every
+    replica with its KV event stream, the request log, and the diagnosis' scaled windows."""
+    path = state / "status.yml"
+    extra = ({"requests_log": {"path": requests_log["path"], "follow": True}}
+             if requests_log else {})
+    path.write_text(
+        "# Written by `prefixwatch demo`: `prefixwatch status --config` this file sees what "
+        "the demo's exporter sees.\n" + yaml.safe_dump({
+            "targets": [t if isinstance(t, dict) else {"url": t} for t in targets],
+            settings.DIAGNOSIS_KEY: {
+                "window": diagnosis_window(scale), "cold_start": scaled(causes.COLD_START, scale),
+                "min_requests": min_requests(causes.DiagnosisThresholds(), scale)},
+            **extra},
+            sort_keys=False))
+    return path
+
+
 def _with_kv_events(targets: list[str], sim) -> list:  # noqa: ANN001 - a Simulation or None
     """The exporter's targets: each simulated replica's /metrics URL with its KV event
     endpoint (the per-target ``kv_events`` key), or the URLs alone (a vLLM given with --vllm)."""
@@ -326,9 +392,23 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
     print(f"incident report of this run: {written.html}", flush=True)
 
 
+#: The story's span at time scale 1: the healthy start, the switch, the page and a while
+#: after it; the hit-rate link opens on this range (scaled), so the drop fills the graph.
+STORY_SPAN = DEFAULT_SWITCH_AT * 2
+
+
+def graph_link(graph_page: str, scale: float) -> str:
+    """Prometheus' graph of the ratio that pages (the critical alert's short window) over the
+    story's range, not the UI's default hour."""
+    ratio = quote(rulenames.r_ratio(rulenames.MODEL, settings.CRITICAL_SHORT_WINDOW))
+    span = mixin_config.prom_duration(max(120.0, round(STORY_SPAN * scale / 60) * 60))
+    return f"{graph_page}?g0.expr={ratio}&g0.tab=0&g0.range_input={span}"
+
+
 def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Exporter,
              backends: Backends | None, printer: NotificationPrinter | None, state: Path,
-             switch_at: float, routed: RoutedWorkload | None = None) -> str:
+             switch_at: float, status_file: Path,
+             routed: RoutedWorkload | None = None) -> str:
     host = exporter.config.listen_host_port[0]
     host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     scale = args.time_scale
@@ -353,24 +433,24 @@ def _summary(args: argparse.Namespace, sim, targets: list[str], exporter: Export
     lines.append(f"  exporter:      http://{host}:{exporter.port}/  (metrics at /metrics)")
     if backends is not None and printer is not None:
         prom = backends.prometheus_url
-        ratio = quote(rulenames.r_ratio(rulenames.MODEL, "1m"))
+        am_page = backends.pages["alertmanager"]
         lines += [f"  Prometheus:    {prom}{backends.pages['alerts']}",
-                  f"  hit rate:      {prom}{backends.pages['graph']}?g0.expr={ratio}&g0.tab=0",
-                  f"  Alertmanager:  http://127.0.0.1:{backends.am_port}/#/alerts",
-                  f"  pages:         printed below as they fire and resolve (also listed at "
-                  f"{printer.url}), and sent to ${alertmanager.ENV_PAGER} if set"]
+                  f"  hit rate:      {graph_link(prom + backends.pages['graph'], scale)}",
+                  f"  Alertmanager:  {backends.alertmanager_url}{am_page}"
+                  + ("  (its API: this build has no web UI)"
+                     if am_page == ALERTMANAGER_API else ""),
+                  f"  pages:         printed below as they fire and resolve, listed at "
+                  f"{printer.url}, and sent to ${alertmanager.ENV_PAGER} if set"]
     elif args.no_prometheus:
         lines.append("  Prometheus/Alertmanager: not started (--no-prometheus)")
     else:
         lines.append(f"  Prometheus/Alertmanager: not installed ({INSTALL_HINT})")
-    cold = scaled(causes.COLD_START, scale)
+    gap = scaled(settings.CRITICAL_SHORT_WINDOW, scale)  # the window the page names
     lines += [f"  Grafana: not started (not in Debian's package sources); import "
               f"{state / 'dashboards'}/*.json into your Grafana, or use docker compose up; "
               f"meanwhile http://{host}:{exporter.port}/ charts the hit ratio and TTFT",
               f"  state:         {state}" + ("" if args.data_dir else " (removed on exit; "
                                                                        "--data-dir keeps it)"),
-              f"  try: prefixwatch status --target {targets[0]} --cold-start {cold}"
-              + (f" --kv-events {sim.kv_events_endpoints[0]}"
-                 if sim is not None and sim.kv_events_endpoints else ""),
+              f"  try: prefixwatch status --config {status_file} --gap {gap}",
               "  Ctrl-C stops everything.", ""]
     return "\n".join(lines)

@@ -101,7 +101,8 @@ def skippable() -> Iterator[None]:
     def handler(signum: int, _frame: object) -> None:
         raise Skipped(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, handler)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

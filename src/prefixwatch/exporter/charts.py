@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -106,24 +107,74 @@ class Chart:
     def svg(self, threshold: float, title: str) -> str:
         """Hit ratio (blue, 0-100%), threshold (red dashes), TTFT p50 (orange, own scale, its
         peak written at the top right)."""
+        return (f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+                f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
+                f"<title>{html.escape(title)}</title>"
+                f'<rect x="0.5" y="0.5" width="{WIDTH - 1}" height="{HEIGHT - 1}" fill="#fff" '
+                f'stroke="#ddd"/>{self._plot(threshold, label_peak=True)}</svg>')
+
+    def _plot(self, threshold: float, label_peak: bool, scaled: bool = False) -> str:
+        """The lines in the card's coordinates; ``scaled``: drawn into a larger box, so the
+        strokes keep their width on the screen."""
         y_thr = HEIGHT - PAD - (HEIGHT - 2 * PAD) * threshold
-        parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-                 f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
-                 f"<title>{html.escape(title)}</title>"
-                 f'<rect x="0.5" y="0.5" width="{WIDTH - 1}" height="{HEIGHT - 1}" fill="#fff" '
-                 'stroke="#ddd"/>'
-                 f'<line x1="{PAD}" x2="{WIDTH - PAD}" y1="{y_thr:.1f}" y2="{y_thr:.1f}" '
-                 'stroke="#d62728" stroke-dasharray="5 3" stroke-width="1"/>']
-        line = '<polyline points="{}" fill="none" stroke="{}" stroke-width="{}" ' \
-               'transform="scale(0.1)"/>'
+        keep = ' vector-effect="non-scaling-stroke"' if scaled else ""
+        parts = [f'<line x1="{PAD}" x2="{WIDTH - PAD}" y1="{y_thr:.1f}" y2="{y_thr:.1f}" '
+                 f'stroke="#d62728" stroke-dasharray="5 3" stroke-width="1"{keep}/>']
+        line = ('<polyline points="{}" fill="none" stroke="{}" stroke-width="{}" '
+                'transform="scale(0.1)"' + keep + "/>")
         if self.peak:
-            parts += [line.format(run, "#f16913", 12) for run in self.p50_runs]
-            peak = self.peak
-            label = f"{peak * 1000:.0f} ms" if peak < 1 else f"{peak:.1f} s"
-            parts.append(f'<text x="{WIDTH - PAD - 2}" y="12" text-anchor="end" '
-                         f'class="ttft">TTFT p50 peak {label}</text>')
-        parts += [line.format(run, "#08519c", 20) for run in self.ratio_runs]
+            parts += [line.format(run, "#f16913", 1.5 if scaled else 12)
+                      for run in self.p50_runs]
+            if label_peak:
+                parts.append(f'<text x="{WIDTH - PAD - 2}" y="12" text-anchor="end" '
+                             f'class="ttft">TTFT p50 peak {ttft_label(self.peak)}</text>')
+        parts += [line.format(run, "#08519c", 2.5 if scaled else 20) for run in self.ratio_runs]
+        return "".join(parts)
+
+    def svg_with_axes(self, threshold: float, title: str, width: int = 900,
+                      height: int = 230) -> str:
+        """The headline chart: the card's lines in a larger box with axes, the hit ratio's
+        0-100% on the left, TTFT p50's scale on the right, the clock time below."""
+        left, right, top, bottom = 48, 70, 8, 34
+        w, h = width - left - right, height - top - bottom
+        esc = html.escape
+        parts = [f'<svg class="chart big" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+                 f'height="{height}" viewBox="0 0 {width} {height}" role="img">'
+                 f"<title>{esc(title)}</title>"
+                 f'<rect x="{left}" y="{top}" width="{w}" height="{h}" fill="#fff" '
+                 'stroke="#bbb"/>']
+        inner = h - 2 * PAD * h / HEIGHT
+        for share in (0.0, 0.25, 0.5, 0.75, 1.0):
+            y = top + h * (1 - PAD / HEIGHT) - inner * share
+            parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" '
+                         f'stroke="#eee"/><text x="{left - 6}" y="{y + 4:.1f}" '
+                         f'text-anchor="end" class="axis">{share:.0%}</text>')
+            if self.peak:
+                parts.append(f'<text x="{left + w + 6}" y="{y + 4:.1f}" class="axis ttft">'
+                             f"{ttft_label(self.peak * 1.1 * share)}</text>")
+        b = self.binned
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+            x = left + w * frac
+            at = time.strftime("%H:%M:%S", time.localtime(b.start + (b.end - b.start) * frac))
+            anchor = "start" if frac == 0 else "end" if frac == 1 else "middle"
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + h}" y2="{top + h + 4}" '
+                         f'stroke="#999"/><text x="{x:.1f}" y="{top + h + 16}" '
+                         f'text-anchor="{anchor}" class="axis">{at}</text>')
+        parts.append(f'<text x="{left - 40}" y="{top + 10}" class="axis" '
+                     f'transform="rotate(-90 {left - 40} {top + 10})" text-anchor="end">'
+                     "hit ratio</text>")
+        if self.peak:
+            parts.append(f'<text x="{width - 4}" y="{top + h + 30}" text-anchor="end" '
+                         'class="axis ttft">TTFT p50 (right scale)</text>')
+        parts.append(f'<svg x="{left}" y="{top}" width="{w}" height="{h}" '
+                     f'viewBox="0 0 {WIDTH} {HEIGHT}" preserveAspectRatio="none">'
+                     f"{self._plot(threshold, label_peak=False, scaled=True)}</svg>")
         return "".join(parts) + "</svg>"
+
+
+def ttft_label(seconds: float) -> str:
+    """A TTFT on the charts: milliseconds under a second."""
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def svg_chart(binned: Binned, threshold: float, title: str) -> str:

@@ -13,8 +13,9 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.vocab import causes, exposition
+from prefixwatch.core.vocab import causes, exposition, rulenames
 
 if TYPE_CHECKING:
     from prefixwatch.exporter.config import ConfigFlags, ExporterConfig
@@ -22,14 +23,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("prefixwatch")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
+#: Where the documentation lives: help texts point there, not to files of the repository,
+#: which an installed package does not have.
+DOCS = rulenames.DEFAULT_RUNBOOK_URL.rsplit("/", 1)[0]
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
@@ -38,9 +34,9 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                         f"(default: ${exposition.ENV_TARGETS}, comma-separated, or "
                         f"{exposition.DEFAULT_TARGET})")
     p.add_argument("--config", metavar="FILE", dest="config_file",
-                   help=f"YAML config file (see exporter/prefixwatch.example.yml; "
-                        f"default: ${exposition.ENV_CONFIG})")
-    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help=f"YAML config file (every key: `prefixwatch example-config "
+                        f"exporter`; default: ${exposition.ENV_CONFIG})")
+    p.add_argument("--timeout", type=cliargs.duration, metavar="DURATION",
                    help=f"per-target poll timeout (default {exposition.DEFAULT_TIMEOUT_SECONDS:g})")
     p.add_argument("--bearer-token-file", metavar="FILE",
                    help="send 'Authorization: Bearer <file contents>' to every target")
@@ -51,7 +47,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                    help="the engine's KV event stream (vLLM --kv-events-config endpoint), "
                         "e.g. tcp://localhost:5557, for the one target; several targets: "
                         "kv_events per target in the config file")
-    p.add_argument("--max-body-bytes", type=int, metavar="N",
+    p.add_argument("--max-body-bytes", type=cliargs.count, metavar="N",
                    help=f"refuse pages larger than N bytes "
                         f"(default {exposition.DEFAULT_MAX_BODY_BYTES})")
 
@@ -62,18 +58,19 @@ def add_exporter_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         description="Poll vLLM/SGLang /metrics pages and expose prefix-cache hit ratios over "
                     "time windows, normalized counters and TTFT as prefixwatch_* series.")
     _add_target_flags(exp)
-    exp.add_argument("--interval", type=_positive_float, metavar="SECONDS",
+    exp.add_argument("--interval", type=cliargs.duration, metavar="DURATION",
                      help=f"poll interval (default {exposition.DEFAULT_INTERVAL_SECONDS:g})")
     exp.add_argument("--listen-address", metavar="HOST:PORT",
                      help="where to serve /metrics (default "
                           f"{exposition.DEFAULT_LISTEN_ADDRESS}, every interface; "
                           "127.0.0.1:PORT keeps it on loopback)")
     exp.add_argument("--window", action="append", metavar="DURATION", dest="windows",
+                     type=cliargs.duration_text,
                      help=f"a window for hit ratios and TTFT quantiles, e.g. 5m; repeat "
                           f"(default {' '.join(exposition.DEFAULT_WINDOWS)})")
     exp.add_argument("--web-config-file", metavar="FILE",
                      help="TLS and basic auth for the exporter's own endpoint (exporter-toolkit "
-                          "format; see docs/configuration.md)")
+                          f"format; see {DOCS}/configuration.md)")
     exp.add_argument("--otlp-endpoint", metavar="URL",
                      help="also push to an OTLP/HTTP collector, e.g. http://localhost:4318")
     _add_diagnosis_flags(exp)
@@ -82,11 +79,11 @@ def add_exporter_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
 
 def _add_diagnosis_flags(exp: argparse.ArgumentParser) -> None:
     diag = exp.add_argument_group(
-        "diagnosis", "why the hit rate is low (prefixwatch_diagnosis; docs/runbooks.md)")
-    diag.add_argument("--diagnosis-window", metavar="DURATION",
+        "diagnosis", f"why the hit rate is low (prefixwatch_diagnosis; {DOCS}/runbooks.md)")
+    diag.add_argument("--diagnosis-window", metavar="DURATION", type=cliargs.duration_text,
                       help=f"window the causes are judged over (default "
                            f"{causes.DIAGNOSIS_WINDOW})")
-    diag.add_argument("--cold-start", metavar="DURATION",
+    diag.add_argument("--cold-start", metavar="DURATION", type=cliargs.duration_text,
                       help=f"a server that (re)started less than this ago is cold "
                            f"(default {causes.COLD_START})")
     diag.add_argument("--requests-log", metavar="PATH",
@@ -100,7 +97,7 @@ def _add_diagnosis_flags(exp: argparse.ArgumentParser) -> None:
                       help="tokenizer for text requests and divergence kinds: 'server' (the "
                            "first target's /tokenize, default), a URL, a Hugging Face "
                            "tokenizer directory, 'builtin' (the simulator's) or 'none'")
-    diag.add_argument("--max-log-len", type=int, metavar="N",
+    diag.add_argument("--max-log-len", type=cliargs.count, metavar="N",
                       help="the server's --max-log-len: logged token ids of N are cut "
                            "(counted as truncated)")
     diag.add_argument("--requests-model", metavar="NAME",
@@ -114,9 +111,9 @@ def add_status_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "that gap and over the server's lifetime, query rate, TTFT, KV usage, and "
                     "why the hit rate is low (the exporter's diagnosis rules, over the gap).")
     _add_target_flags(st)
-    st.add_argument("--gap", type=_positive_float, default=5.0, metavar="SECONDS",
-                    help="seconds between the two polls (default 5)")
-    st.add_argument("--cold-start", metavar="DURATION",
+    st.add_argument("--gap", type=cliargs.duration, default=5.0, metavar="DURATION",
+                    help="time between the two polls (default 5s)")
+    st.add_argument("--cold-start", metavar="DURATION", type=cliargs.duration_text,
                     help=f"a server that (re)started less than this ago is cold (default "
                          f"{causes.COLD_START}; `prefixwatch demo --time-scale` prints its own)")
     return st
@@ -182,13 +179,16 @@ def run_status(args: argparse.Namespace) -> int:
         collect_status,
         event_ledger_status,
         ledger_status,
+        log_culprits,
         render,
     )
 
     config = config_from(args)
     events = event_ledger_status(config)  # follows the streams through the gap
-    rows = collect_status(config, args.gap)
-    print(render(rows, args.gap))
+    story = events.story if events is not None else (
+        (lambda: ({}, log_culprits(config, []))) if config.requests_log else None)
+    rows = collect_status(config, args.gap, story)
+    print(render(rows, args.gap, config.hit_ratio_mode))
     print("\n".join(events.finish() if events is not None else ledger_status(config, rows)))
     return 1 if any(r.error for r in rows) else 0
 

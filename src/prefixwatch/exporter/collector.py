@@ -10,7 +10,8 @@ import math
 import platform
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -24,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from prefixwatch.core.cache.requestledger import ratios as ledger_ratios
 from prefixwatch.core.diagnosis import Diagnosis, RequestEvidence
+from prefixwatch.core.story import Culprit
 from prefixwatch.core.version import __version__
 from prefixwatch.core.vocab import causes, exposition, families, tiers
 from prefixwatch.core.vocab.exposition import OutMetric
@@ -49,6 +51,8 @@ class DiagnosisState:
         self.diagnosis = Diagnosis()
         self.requests: dict[str, RequestEvidence] = {}
         self.kinds: dict[str, Counter[str]] = {}
+        #: Each model's culprit over the diagnosis window (core/story.py), when one is known.
+        self.culprits: dict[str, Culprit] = {}
 
     def update(self, diagnosis: Diagnosis, requests: dict[str, RequestEvidence],
                kinds: dict[str, Counter[str]]) -> None:
@@ -61,6 +65,11 @@ class DiagnosisState:
         """The latest diagnosis (replaced whole by each update, never changed in place)."""
         with self.lock:
             return self.diagnosis
+
+    def latest_culprits(self) -> Mapping[str, Culprit]:
+        """Each model's latest culprit, read-only (replaced whole by each round)."""
+        with self.lock:
+            return MappingProxyType(self.culprits)
 
 
 _FAMILY_KINDS = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily,
@@ -171,6 +180,10 @@ class PrefixwatchCollector(Collector):
                 for cause in causes.CAUSE_NAMES:
                     diag.add_metric([target, model, cause], 1.0 if held.get(cause) else 0.0)
             window = self.state.window
+            culprit = family(exposition.OUT_CULPRIT)
+            for model, found in sorted(self.state.culprits.items()):
+                culprit.add_metric([model, found.kind, str(found.position), found.words],
+                                   found.share)
             for model, req in sorted(self.state.requests.items()):
                 _put(family, exposition.OUT_ACHIEVABLE, [model, window], req.achievable)
                 kinds = self.state.kinds.get(model, Counter())

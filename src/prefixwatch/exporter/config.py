@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
 from prefixwatch.core.vocab import causes, exposition, settings
 from prefixwatch.core.vocab.causes import DiagnosisThresholds
@@ -201,10 +202,14 @@ def _target_from(entry: Any, defaults: dict[str, Any], where: str) -> TargetConf
         raise ConfigError(f"{where}: each target needs a url")
     merged = {**defaults, **entry}
     try:
+        timeout = cliargs.seconds(merged.get("timeout", exposition.DEFAULT_TIMEOUT_SECONDS))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: timeout: {exc}") from None
+    try:
         target = TargetConfig(
             url=validate_url(str(merged["url"])),
             name=str(merged.get("name") or ""),
-            timeout=float(merged.get("timeout", exposition.DEFAULT_TIMEOUT_SECONDS)),
+            timeout=timeout,
             bearer_token_file=merged.get("bearer_token_file"),
             tls_verify=bool(merged.get("tls_verify", True)),
             ca_file=merged.get("ca_file"),
@@ -297,7 +302,8 @@ def build_config(flags: ConfigFlags = ConfigFlags(),
         cfg = ExporterConfig(
             targets=name_targets(targets),
             interval=float(flags.interval if flags.interval is not None
-                           else data.get("interval", exposition.DEFAULT_INTERVAL_SECONDS)),
+                           else _file_seconds(data, cf, "interval",
+                                              exposition.DEFAULT_INTERVAL_SECONDS)),
             listen_address=str(flags.listen_address or data.get("listen_address")
                                or exposition.DEFAULT_LISTEN_ADDRESS),
             windows=tuple(flags.windows or data.get("windows") or exposition.DEFAULT_WINDOWS),
@@ -372,6 +378,15 @@ def _requests_log(flags: ConfigFlags, cf: ConfigFile) -> RequestsLogConfig | Non
     if not log_data:
         return None
     return requests_log_from(log_data, given and "--requests-log" or cf.where("requests_log"))
+
+
+def _file_seconds(data: dict, cf: ConfigFile, key: str, default: float) -> float:
+    """A duration of the file (5s, or bare seconds, like its flag); one line naming the
+    file's place and the key when it is none."""
+    try:
+        return cliargs.seconds(data.get(key, default))
+    except ValueError as exc:
+        raise ConfigError(f"{cf.where(key)}: {key}: {exc}") from None
 
 
 def _validate(cfg: ExporterConfig, flags: ConfigFlags, cf: ConfigFile) -> None:

@@ -22,7 +22,8 @@ from prefixwatch.exporter.pagereader import TIER_CONFIGURED, TIER_ROLES, TIER_ST
 LEDGER_NEEDS_LOG = ("The ledger (where the missed prompt tokens went: novel, layout, routing, "
                     "eviction) needs a KV event stream (--kv-events ENDPOINT; "
                     "kv_events per target in the config file) or a request log "
-                    "(--requests-log PATH): docs/runbooks.md#the-hit-rate-ledger.")
+                    "(requests_log in the config file; the exporter's --requests-log PATH): "
+                    "docs/runbooks.md#the-hit-rate-ledger.")
 
 
 def evidence_for(view: TargetView, now: float, window: float) -> dict[str, TargetEvidence]:

@@ -1,5 +1,8 @@
-"""The landing page at `/`: the targets, their ratios and diagnosis, the tiers, the ledger and
-each model's charts (exporter/charts.py draws them), in one HTML page that fits 1280 pixels.
+"""The landing page at `/`, an on-call screen: first, for each model, the fleet's hit ratio
+now over the window that pages, the cause and the culprit in words, and the chart with axes
+(core/story.py's words, as the page and `status` say them); after them the targets, each
+target's chart, tiers, KV streams and ledger (exporter/charts.py draws the charts), in one HTML
+page that fits 1280 pixels.
 
 Kept apart from the HTTP server so the page can grow without touching the serving code.
 """
@@ -8,22 +11,26 @@ from __future__ import annotations
 
 import html
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from prefixwatch.core.cache.requestledger import table as ledger_table
+from prefixwatch.core.cache.whatvaries import FIXES
 from prefixwatch.core.diagnosis import Diagnosis
 from prefixwatch.core.kv.eventledger import event_table
 from prefixwatch.core.kv.ladder import ladder
 from prefixwatch.core.kv.ladder import lines as ladder_lines
+from prefixwatch.core.story import Culprit, percent, ratio_name
 from prefixwatch.core.version import __version__
-from prefixwatch.core.vocab import tiers
+from prefixwatch.core.vocab import exposition, rulenames, settings, tiers
 from prefixwatch.exporter.chartbins import BINS, SPAN_SECONDS, Binned, bin_history, choose_width
 from prefixwatch.exporter.charts import Chart, ChartCache
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import LEDGER_NEEDS_LOG, served_tokens
 from prefixwatch.exporter.kvsubscriber import StreamView
 from prefixwatch.exporter.kvsubscriber.ledgerseries import EventLedgers
-from prefixwatch.exporter.monitor import TargetView
+from prefixwatch.exporter.monitor import TargetView, WindowFigures
 from prefixwatch.exporter.pagereader import CACHED
 from prefixwatch.exporter.poolchart import pool_section
 from prefixwatch.exporter.requestlog.view import RequestView
@@ -44,6 +51,8 @@ class LandingInputs:
     streams: tuple[StreamView, ...] = ()
     event_ledgers: EventLedgers | None = None
     requests: RequestView | None = None
+    #: Each model's culprit (core/story.py), read-only.
+    culprits: Mapping[str, Culprit] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def render_landing(page: LandingInputs) -> str:
@@ -70,21 +79,95 @@ def render_landing(page: LandingInputs) -> str:
             if target == view.name) if view.up else ""
         rows.append(_row((view.name, view.target.display_url, state, schema, ratios, causes,
                           error)))
+    fleet, per_target = charts(page, time.time())
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>prefixwatch</title>"
         "<meta http-equiv='refresh' content='15'>"
-        "<style>body{font-family:sans-serif;max-width:1264px}td,th{padding:2px 10px;"
-        "text-align:left}" + CSS +
+        "<style>body{font-family:sans-serif;max-width:1264px;margin:8px 12px}"
+        "td,th{padding:2px 10px;text-align:left}" + CSS +
         "</style>"
-        f"</head><body><h1>prefixwatch {__version__}</h1>"
-        "<p><a href='/metrics'>/metrics</a> · <a href='/healthz'>/healthz</a></p>"
+        f"</head><body><div class='top'><b>prefixwatch {__version__}</b> &middot; "
+        "<a href='/metrics'>/metrics</a> &middot; <a href='/healthz'>/healthz</a> &middot; "
+        "this page refreshes itself every 15 s</div>"
+        + story_section(page, fleet)
+        + "<h2>Targets</h2>"
         "<table class='targets'><tr><th>target</th><th>url</th><th>state</th><th>schema</th>"
-        "<th>hit ratio (device, effective)</th><th>diagnosis (docs/runbooks.md#diagnosis)</th>"
+        f"<th>hit ratio ({html.escape(str(window))}; device, effective)</th>"
+        "<th>diagnosis (docs/runbooks.md#diagnosis)</th>"
         "<th>last error</th></tr>" + "".join(rows) + "</table>"
+        + per_target
         + tier_section(page, window) + kv_section(page)
         + ledger_section(page, window) + pool_section(page, window)
-        + charts_section(page, time.time())
         + "</body></html>")
+
+
+def story_window(config: ExporterConfig) -> str | None:
+    """The window the landing page's headline is over: the one the critical alert pages on
+    when the exporter computes it, else its first (the demo puts the scaled paging window
+    first)."""
+    if settings.CRITICAL_SHORT_WINDOW in config.windows:
+        return settings.CRITICAL_SHORT_WINDOW
+    return config.windows[0] if config.windows else None
+
+
+def fleet_ratio(page: LandingInputs, model: str, window: str) -> float | None:
+    """The model's ratio over ``window``, every up target's tokens summed before dividing
+    (the ratio the alerts judge: effective or device)."""
+    figures = [wf for view in page.targets if view.up and model in view.models
+               if (wf := view.models[model].windows.get(window)) is not None]
+    if not figures:
+        return None
+    total = WindowFigures.summed(figures)
+    return (total.hit_ratio if page.config.hit_ratio_mode == settings.HIT_RATIO_DEVICE
+            else total.effective_ratio)
+
+
+def story_section(page: LandingInputs, fleet: dict[str, Chart]) -> str:
+    """The answer first: per model, the fleet's ratio now, its cause and culprit, and the
+    chart with axes."""
+    window = story_window(page.config)
+    threshold = page.config.thresholds.hit_ratio
+    active = {key: page.diagnosis.active(*key) for key in page.diagnosis.causes}
+    models = sorted(set(fleet) | {m for _t, m in active})
+    if not models:
+        return ("<div class='story'><p class='big'>no traffic yet</p><p>The hit ratio "
+                "appears after the first polls with traffic.</p></div>")
+    name = ratio_name(page.config.hit_ratio_mode)
+    return "".join(
+        _story(model, fleet_ratio(page, model, window) if window else None, window, name,
+               threshold, sorted({c for (_t, m), cs in active.items() if m == model
+                                  for c in cs}), page.culprits.get(model), fleet.get(model))
+        for model in models)
+
+
+def _story(model: str, value: float | None, window: str | None, name: str, threshold: float,
+           causes: list[str], culprit: Culprit | None, chart: Chart | None) -> str:
+    esc = html.escape
+    low = value is not None and value < threshold
+    cls = "low" if low else "ok" if value is not None else ""
+    said = ", ".join(f"<a href='{RUNBOOK}#{esc(c)}'>{esc(c)}</a>" for c in causes) or (
+        "none diagnosed")
+    lines = [f"<div class='story'><div class='headline'><span class='big {cls}'>"
+             f"{esc(percent(value)) if value is not None else 'no traffic'}</span> "
+             f"<span class='what'>fleet {esc(name)} of <b>{esc(model)}</b> over "
+             f"{esc(str(window))} (alert threshold {threshold:.0%})</span></div>",
+             f"<p class='cause'>cause: {said}</p>"]
+    if culprit is not None:
+        lines.append(f"<p class='culprit'>culprit: {esc(culprit.words)}</p>")
+        if culprit.kind in FIXES:
+            lines.append(f"<p class='fix'>fix: {esc(FIXES[culprit.kind])}</p>")
+    if chart is not None:
+        lines.append(chart.svg_with_axes(threshold, f"fleet: {model}"))
+        lines.append(LEGEND.format(name=esc(name), threshold=f"{threshold:.0%}",
+                                   span=_duration(chart.binned.end - chart.binned.start)))
+    return "".join(lines) + "</div>"
+
+
+RUNBOOK = rulenames.DEFAULT_RUNBOOK_URL
+LEGEND = ('<p class="legend"><span style="color:#08519c">&#9644; {name}</span> (left scale) '
+          '&middot; <span style="color:#d62728">- - threshold {threshold}</span> &middot; '
+          '<span style="color:#f16913">&#9644; TTFT p50</span> (right scale) &middot; the last '
+          "{span}</p>")
 
 
 def _row(cells) -> str:
@@ -155,7 +238,14 @@ def kv_section(page: LandingInputs) -> str:
         rows.append(_row(cells))
     table = _table("kv", ("target", "stream", "messages", "blocks stored", "resident", "lost",
                           "not used (reason count)"), rows)
-    return table and "<h2>KV event streams (docs/kv-events.md)</h2>" + table
+    seen = sorted({r for stream in page.streams for r, n in stream.errors.items() if n})
+    meanings = "".join(f"<li><code>{html.escape(r)}</code>: "
+                       f"{html.escape(exposition.KV_ERROR_MEANINGS.get(r, ''))}</li>"
+                       for r in seen)
+    return table and ("<h2>KV event streams (docs/kv-events.md)</h2>" + table
+                      + "<p class='legend'>messages: received; blocks stored: by medium; "
+                        "resident: held now; lost: messages missed (sequence gaps)."
+                      + (f"</p><ul class='legend'>{meanings}</ul>" if meanings else "</p>"))
 
 
 def event_ledger_section(page: LandingInputs, window: str | None) -> str:
@@ -188,12 +278,21 @@ def event_ledger_section(page: LandingInputs, window: str | None) -> str:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
+    """A chart's span or step in words, rounded as a person reads a clock."""
+    if seconds >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.3g} s"
 
 
 def charts_section(page: LandingInputs, now: float, cached: bool = True) -> str:
-    """The landing page's charts: each model's fleet, then each target's, with its diagnosis.
-    ``cached=False`` draws everything from scratch (the reference the cache must match)."""
+    """Each target's chart card, with its diagnosis. ``cached=False`` draws everything from
+    scratch (the reference the cache must match)."""
+    return charts(page, now, cached)[1]
+
+
+def charts(page: LandingInputs, now: float, cached: bool = True
+           ) -> tuple[dict[str, Chart], str]:
+    """Each model's fleet chart (the headline draws it with axes), and each target's card."""
     threshold = page.config.thresholds.hit_ratio
     cache = page.charts
     with cache.lock:
@@ -201,7 +300,7 @@ def charts_section(page: LandingInputs, now: float, cached: bool = True) -> str:
 
 
 def _section(page: LandingInputs, now: float, threshold: float, cache: ChartCache | None
-             ) -> str:
+             ) -> tuple[dict[str, Chart], str]:
     latest = max((v.last_success for v in page.targets if v.last_success == v.last_success),
                  default=now)
     oldest = latest
@@ -245,19 +344,16 @@ def _section(page: LandingInputs, now: float, threshold: float, cache: ChartCach
             del cache.entries[key]
     active = {key: page.diagnosis.active(*key) for key in page.diagnosis.causes}
     ratio = "effective hit ratio" if page.charts.served == CACHED else "device hit ratio"
-    out = [f'<h2>Hit ratio over time</h2><p class="legend"><span style="color:#08519c">&#9644; '
-           f'{ratio}</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
+    out = [f'<h2>Each target over time</h2><p class="legend"><span style="color:#08519c">'
+           f'&#9644; {ratio}</span> (0-100%) &middot; <span style="color:#d62728">- - threshold '
            f'{threshold:.0%}</span> &middot; <span style="color:#f16913">&#9644; TTFT p50'
            f"</span> (own scale) &middot; the last {_duration(width * BINS)}, one point per "
-           f"{_duration(width)}; the page refreshes itself every 15 s</p>"]
-    for model, b in sorted(fleet.items()):
-        causes = sorted({c for (t, m), cs in active.items() if m == model for c in cs})
-        out.append(_card("fleet", model, Chart.of(b), threshold, causes, fleet=True))
+           f"{_duration(width)}</p>"]
     out.append('<div class="cards">')
     for target, model, chart in per_target:
         out.append(_card(target, model, chart, threshold, active.get((target, model), [])))
     out.append("</div>")
-    return "".join(out)
+    return {model: Chart.of(b) for model, b in fleet.items()}, "".join(out)
 
 
 def _card(target: str, model: str, chart: Chart, threshold: float, causes: list[str],
@@ -277,7 +373,12 @@ def _card(target: str, model: str, chart: Chart, threshold: float, causes: list[
 
 #: The charts' cards (exporter/charts.py), laid out to fill a 1280-pixel window; a long URL or
 #: error wraps inside its column rather than widening the page.
-CSS = ("table{max-width:100%}.targets td:nth-child(2),.targets td:last-child{max-width:300px;"
+CSS = (".top{color:#555;font-size:13px;margin-bottom:6px}.story{margin-bottom:8px}"
+       ".headline .big{font-size:44px;font-weight:bold;margin-right:10px}"
+       ".headline .what{font-size:17px}.story p{margin:3px 0;font-size:16px}"
+       ".story .culprit{font-size:18px;font-weight:bold}.fix{color:#333}"
+       "svg .axis{font-size:11px;fill:#444}h2{font-size:20px;margin:14px 0 6px}"
+       "table{max-width:100%}.targets td:nth-child(2),.targets td:last-child{max-width:300px;"
        "word-break:break-all}"
        ".cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #ddd;padding:6px;"
        "width:362px;font-size:13px}.card.fleet{display:inline-block;margin:0 10px 10px 0}"

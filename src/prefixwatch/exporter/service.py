@@ -23,6 +23,7 @@ from prometheus_client.exposition import choose_encoder
 
 from prefixwatch.core.diagnosis import Diagnosis, diagnose, event_evidence
 from prefixwatch.core.httpreply import ReplyHandler
+from prefixwatch.core.story import Culprit, culprit_of
 from prefixwatch.core.version import __version__
 from prefixwatch.core.vocab import exposition, settings
 from prefixwatch.core.vocab.windows import parse_duration
@@ -33,6 +34,7 @@ from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import evidence_for
 from prefixwatch.exporter.http import READ_TIMEOUT, BoundedHTTPServer
 from prefixwatch.exporter.kvsubscriber import KvEvents
+from prefixwatch.exporter.kvsubscriber.kinds import recent_divergences
 from prefixwatch.exporter.kvsubscriber.ledgerseries import SETTLE_SECONDS, EventLedgers
 from prefixwatch.exporter.kvsubscriber.whatif import page_pool_blocks
 from prefixwatch.exporter.landing import LandingInputs, render_landing
@@ -185,10 +187,31 @@ class Exporter:
         result = diagnose(evidence, requests, self.config.thresholds, self.cold_seconds,
                           self.config.hit_ratio_mode)
         self.state.update(result, requests, kinds)
+        found = self.culprits(now, self.diag_seconds)
+        with self.state.lock:
+            self.state.culprits = found
         self._log_changes(result)
 
+    def culprits(self, now: float, seconds: float) -> dict[str, Culprit]:
+        """Each model's culprit over the last ``seconds``: from the KV event streams (they
+        see every request), else from the requests log (core/story.py names it)."""
+        found = {model: c for model, counts in
+                 recent_divergences(self.kv.all_sources(), now - seconds).items()
+                 if (c := culprit_of(counts)) is not None}
+        if self.view is not None:
+            wanted = self.config.requests_log.model if self.config.requests_log else None
+            from_log = culprit_of(self.view.divergences(seconds))
+            models = [wanted] if wanted else sorted({m for _t, m in self.state.latest().causes})
+            for model in models:
+                if from_log is not None and model not in found:
+                    found[model] = from_log
+        return found
+
     def _log_changes(self, result: Diagnosis) -> None:
-        """Say so when a target's causes change (not on every round)."""
+        """Say so when a target's causes change (not on every round); a one-shot reader
+        (`status`, which prints its own diagnosis) sets ``log_diagnosis`` False."""
+        if not getattr(self, "log_diagnosis", True):
+            return
         for key, causes in result.causes.items():
             active = sorted(c for c, on in causes.items() if on)
             before = self._active.get(key)
@@ -333,7 +356,7 @@ class Exporter:
         return LandingInputs(
             self.config, tuple(self.views()), self.state.latest(), self.diag_seconds,
             self.charts, tuple(s.view() for s in self.kv.all_sources()), self.kv_ledgers,
-            self.view)
+            self.view, self.state.latest_culprits())
 
     def landing_page(self) -> str:
         return render_landing(self.landing_inputs())

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from prefixwatch.core.cache.requestledger import table as ledger_table
-from prefixwatch.core.diagnosis import diagnose
+from prefixwatch.core.diagnosis import RequestEvidence, diagnose, event_evidence
 from prefixwatch.core.kv.eventledger import event_table
 from prefixwatch.core.kv.poolcurve import verdict
-from prefixwatch.core.vocab import causes, schemas, tiers
+from prefixwatch.core.story import (
+    Culprit,
+    culprit_of,
+    headline,
+    percent,
+    ratio_name,
+    window_words,
+)
+from prefixwatch.core.vocab import causes, schemas, settings, tiers
 from prefixwatch.core.vocab.windows import parse_duration, ratio
 from prefixwatch.exporter.config import ExporterConfig
 from prefixwatch.exporter.evidence import LEDGER_NEEDS_LOG, evidence_for
-from prefixwatch.exporter.monitor import TargetMonitor
+from prefixwatch.exporter.monitor import TargetMonitor, WindowFigures
 from prefixwatch.exporter.requestlog.reader import RequestsLogReader
 from prefixwatch.exporter.requestlog.view import RequestView
 from prefixwatch.exporter.service import Exporter
@@ -45,10 +54,34 @@ class StatusRow:
     tier_split: dict[str, float] | None = None
     #: What a router target said (its rows have schema ``router``).
     note: str = ""
+    #: The gap's figures themselves, for the fleet's ratio (summed before dividing).
+    gap: WindowFigures | None = None
+    #: What varies early in this model's prompts over the gap, if known.
+    culprit: Culprit | None = None
 
 
-def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
-    """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap."""
+#: The key of a culprit that holds for every model (a request log that names none).
+ANY_MODEL = ""
+#: What the KV event streams add to the diagnosis over the gap: each model's request evidence
+#: (the measured ledger) and culprit.
+Story = tuple[dict[str, RequestEvidence], dict[str, Culprit]]
+
+
+@dataclass(frozen=True)
+class FleetLine:
+    """One model's story over the gap, the targets summed: the headline every surface shows."""
+
+    model: str
+    ratio: float | None
+    causes: tuple[str, ...] = ()
+    culprit: Culprit | None = None
+    targets: list[str] = field(default_factory=list)
+
+
+def collect_status(config: ExporterConfig, gap: float,
+                   story: Callable[[], Story] | None = None) -> list[StatusRow]:
+    """Poll every target twice, ``gap`` seconds apart, and derive the figures over the gap.
+    ``story``: called after the second poll, what the KV event streams measured over it."""
     windows = {"gap": gap}
     monitors = [TargetMonitor(t, windows, gap, extra_windows=(gap,)) for t in config.targets]
     for mon in monitors:
@@ -60,7 +93,8 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
     now = time.time()
     views = [mon.view for mon in monitors]
     evidence = {view.name: evidence_for(view, now, gap) for view in views if view.up}
-    found = diagnose(evidence, {}, config.thresholds, parse_duration(config.cold_start),
+    requests, culprits = story() if story is not None else ({}, {})
+    found = diagnose(evidence, requests, config.thresholds, parse_duration(config.cold_start),
                      config.hit_ratio_mode)
     rows: list[StatusRow] = router_rows(views, first)
     for view in views:
@@ -100,6 +134,7 @@ def collect_status(config: ExporterConfig, gap: float) -> list[StatusRow]:
                 effective_ratio=wf.effective_ratio if wf else None,
                 lifetime_effective=figures.lifetime_effective,
                 tier_split=wf.tier_shares() if wf else None,
+                gap=wf, culprit=culprits.get(model, culprits.get(ANY_MODEL)),
             ))
     return rows
 
@@ -128,15 +163,48 @@ def router_rows(views: list, first: dict) -> list[StatusRow]:
     return rows
 
 
+def fleet_lines(rows: list[StatusRow], mode: str) -> list[FleetLine]:
+    """Each model's ratio over the gap with every target's tokens summed before dividing,
+    the causes any of its targets shows, and its culprit."""
+    out = []
+    engines = [r for r in rows if not r.error and r.schema != "router"]
+    for model in sorted({r.model for r in engines}):
+        mine = [r for r in engines if r.model == model]
+        figures = [r.gap for r in mine if r.gap is not None]
+        device = mode == settings.HIT_RATIO_DEVICE
+        if figures:
+            total = WindowFigures.summed(figures)
+            value = total.hit_ratio if device else total.effective_ratio
+        else:  # rows without their figures: one target's own ratio, else none
+            value = (mine[0].gap_ratio if device else mine[0].effective_ratio
+                     ) if len(mine) == 1 else None
+        named = tuple(sorted({c for r in mine for c in r.causes}))
+        culprit = next((r.culprit for r in mine if r.culprit is not None), None)
+        out.append(FleetLine(model, value, named, culprit, [r.target for r in mine]))
+    return out
+
+
+def story_lines(rows: list[StatusRow], gap: float, mode: str) -> list[str]:
+    """The answer first: each model's fleet ratio over the gap, cause and culprit."""
+    out = []
+    for line in fleet_lines(rows, mode):
+        scope = "fleet" if len(line.targets) > 1 else line.targets[0]
+        out.append(f"{line.model} ({scope}): " + headline(
+            ratio_name(mode), line.ratio, window_words(gap), line.causes, line.culprit))
+    return out
+
+
 def _pct(value: float | None) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.1%}"
+    return percent(None if value is not None and math.isnan(value) else value)
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None or math.isnan(value) else format(value, fmt)
 
 
-def render(rows: list[StatusRow], gap: float) -> str:
+def render(rows: list[StatusRow], gap: float, mode: str = settings.DEFAULT_HIT_RATIO_MODE
+           ) -> str:
+    story = story_lines(rows, gap, mode)
     headers = ("TARGET", "MODEL", "ENGINE", f"HIT({gap:g}s)", f"EFF({gap:g}s)", "HIT(life)",
                "EFF(life)", "QTOK/S", "TTFT p50", "TTFT p95", "KV USE", "BLOCK", "NOTE")
     table = [headers]
@@ -153,8 +221,9 @@ def render(rows: list[StatusRow], gap: float) -> str:
             _num(r.ttft_p95, ".3f") + ("s" if r.ttft_p95 is not None else ""),
             _pct(r.kv_usage), _num(r.block_size, "d") if r.block_size else "-", note))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in table]
+    lines = [*story, *([""] if story else []), *(
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in table)]
     split = [r for r in rows if r.tier_split]
     if split:
         lines += ["", f"Prompt tokens by cache tier over the {gap:g}s gap (HIT is the device "
@@ -167,12 +236,37 @@ def render(rows: list[StatusRow], gap: float) -> str:
     summaries = {c.name: c.summary for c in causes.CAUSES}
     diagnosed = [r for r in rows if not r.error and r.schema != "router"]
     if diagnosed:
-        lines += ["", f"Diagnosis over the {gap:g}s gap (rules: docs/runbooks.md#diagnosis; "
-                      "prefix_divergence and routing_spread need the exporter's --requests-log):"]
+        lines += ["", f"Diagnosis over the {window_words(gap)} gap (rules: "
+                      "docs/runbooks.md#diagnosis; prefix_divergence and routing_spread need "
+                      "--kv-events or a requests_log in the --config file):"]
         for r in diagnosed:
             named = "; ".join(f"{c}: {summaries[c]}" for c in r.causes) or "none diagnosed"
             lines.append(f"  {r.target} {r.model}: {named}")
     return "\n".join(lines)
+
+
+def read_log(config: ExporterConfig, block_size: int | None = None,
+             pool: int | None = None) -> RequestView:
+    """The whole request log, read once into a request view (the audit's replay)."""
+    assert config.requests_log is not None
+    view = RequestView(block_size or 16, pool_blocks=lambda _replica: pool)
+    view.ledger.single_replica = len(config.targets) == 1
+    rl = config.requests_log
+    reader = RequestsLogReader(type(rl)(**{**rl.__dict__, "follow": False}), view,
+                               config.targets[0].url if config.targets else None)
+    reader.start()
+    reader.done.wait()
+    reader.stop()
+    return view
+
+
+def log_culprits(config: ExporterConfig, models: list[str]) -> dict[str, Culprit]:
+    """The culprit of the request log's requests, for ``models`` (the log names none)."""
+    if config.requests_log is None:
+        return {}
+    found = culprit_of(read_log(config).divergences(math.inf))
+    wanted = [config.requests_log.model] if config.requests_log.model else models or [ANY_MODEL]
+    return {m: found for m in wanted} if found is not None else {}
 
 
 def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
@@ -181,16 +275,9 @@ def ledger_status(config: ExporterConfig, rows: list[StatusRow]) -> list[str]:
         return ["", LEDGER_NEEDS_LOG]
     sizes = {r.block_size for r in rows if r.block_size}
     pools = {r.pool_blocks for r in rows if not r.error}
-    pool = pools.pop() if len(pools) == 1 else None
-    view = RequestView(sizes.pop() if len(sizes) == 1 else 16,
-                       pool_blocks=lambda _replica: pool)
-    view.ledger.single_replica = len(config.targets) == 1
+    view = read_log(config, sizes.pop() if len(sizes) == 1 else None,
+                    pools.pop() if len(pools) == 1 else None)
     rl = config.requests_log
-    reader = RequestsLogReader(type(rl)(**{**rl.__dict__, "follow": False}), view,
-                               config.targets[0].url if config.targets else None)
-    reader.start()
-    reader.done.wait()
-    reader.stop()
     totals, unmeasured = view.ledger_totals()
     if not totals.requests:
         return ["", f"Ledger: no request could be read from {rl.path}."]
@@ -205,13 +292,34 @@ class EventLedgerStatus:
 
     def __init__(self, config: ExporterConfig) -> None:
         self.exporter = Exporter(config)
+        self.exporter.log_diagnosis = False  # status prints the diagnosis itself
         self.exporter.kv.start()
         self.exporter.poll_round()  # the baseline: the counters as the streams start
+        self.started = time.time()
+        self.polled = False
+
+    def story(self) -> Story:
+        """What the streams measured since the baseline: each model's ledger as request
+        evidence, and its culprit (the divergences named so far, the pending ones too)."""
+        exp = self.exporter
+        exp.poll_round()
+        self.polled = True
+        exp.kv.name_pending()
+        requests = {}
+        for model in exp.kv_ledgers.models():
+            span = exp.kv_ledgers.model_span(model, None)
+            if span is not None and span.prompt > 0:
+                requests[model] = event_evidence(span.shares, span.prompt, span.requests)
+        # A short gap sees few chains from their start (the first blocks were stored before
+        # the streams were followed, so their positions are unknown): a followed request log
+        # (requests_log with follow: true) names the culprit then, from the gap's requests.
+        return requests, exp.culprits(time.time(), time.time() - self.started)
 
     def finish(self) -> list[str]:
         exp = self.exporter
         try:
-            exp.poll_round()
+            if not self.polled:
+                exp.poll_round()
             lines = ["", "Ledger from the KV event streams, over the gap (where the prompt "
                          "tokens went; docs/runbooks.md#the-hit-rate-ledger):"]
             for name, source in exp.kv.sources.items():

@@ -48,7 +48,17 @@ def render_ledger(part: str | None, share: float | None) -> str:
     """What ``Alerts.ledger_clause`` renders to: nothing without ledger series."""
     if part is None or share is None:
         return ""
-    return f" Largest miss: {part} ({share * 100:.4g}% of prompt tokens)."
+    return f" Largest miss: {part} ({share * 100:.1f}% of prompt tokens)."
+
+
+def render_culprit(words: str | None) -> str:
+    """What ``Alerts.culprit_clause`` renders to: nothing without a culprit series."""
+    return f" Culprit: {words}." if words else ""
+
+
+#: The page's percentages to one decimal, as every surface shows them (core/story.py):
+#: Prometheus' templates cannot multiply, so the series is queried times 100.
+FIXED_PERCENT = '{{ . | first | value | printf "%.1f%%" }}'
 
 
 def render_diagnosis(causes: list[str], runbook_pattern: str) -> str:
@@ -79,8 +89,9 @@ class Alerts(Exprs):
                 else "prefix-cache hit rate (device pool)")
 
     def span(self, window: str) -> str:
-        """A window in words for the texts ('2 minutes')."""
-        seconds = parse_duration(window)
+        """A window in words for the texts ('2 minutes'), as long as it really is: under a
+        time scale (the demo's), the scaled length."""
+        seconds = parse_duration(window) * self.cfg.time_scale
         if seconds % 60:
             return prom_duration(seconds)
         minutes = int(seconds // 60)
@@ -179,12 +190,36 @@ class Alerts(Exprs):
         other than the exporter)."""
         if self.src.name != "exporter":
             return ""
-        cluster = self.cfg.cluster_label
-        matchers = (f"{cluster}=%q," if cluster else "") + "model_name=%q,part!=%q"
-        args = (f"$labels.{cluster} " if cluster else "") + '$labels.model_name "achieved"'
-        query = f'printf "topk(1, {R_LEDGER_SHARE}{{{matchers}}})" {args}'
+        model, of_model = self.model_matchers()
+        matchers, args = model + ",part!=%q", of_model + ' "achieved"'
+        query = f'printf "100 * topk(1, {R_LEDGER_SHARE}{{{matchers}}})" {args}'
         return ("{{ range query (" + query + ") }} Largest miss: {{ .Labels.part }} "
-                "({{ .Value | humanizePercentage }} of prompt tokens).{{ end }}")
+                '({{ printf "%.1f" .Value }}% of prompt tokens).{{ end }}')
+
+    def culprit_clause(self) -> str:
+        """Template text naming what varies early in the alert model's prompts, in words
+        (the exporter's culprit series carries the sentence every surface shows); nothing
+        where the exporter knows none."""
+        if self.src.name != "exporter":
+            return ""
+        matchers, args = self.model_matchers()
+        query = f'printf "topk(1, {exposition.OUT_CULPRIT.name}{{{matchers}}})" {args}'
+        return ("{{ range query (" + query + ") }} Culprit: {{ .Labels."
+                + exposition.L_CULPRIT + " }}.{{ end }}")
+
+    def model_matchers(self) -> tuple[str, str]:
+        """A query's matchers of the alerted model (and cluster), as printf's format and its
+        arguments."""
+        cluster = self.cfg.cluster_label
+        return ((f"{cluster}=%q," if cluster else "") + "model_name=%q",
+                (f"$labels.{cluster} " if cluster else "") + "$labels.model_name")
+
+    def percent_of(self, series: str) -> str:
+        """Template text: the alerted model's ``series`` as a percentage to one decimal
+        (FIXED_PERCENT)."""
+        matchers, args = self.model_matchers()
+        return ("{{ with query (printf \"100 * " + series + "{" + matchers + "}\" " + args
+                + ") }}" + FIXED_PERCENT + "{{ end }}")
 
     def alert(self, name: str, expr: str, for_: str | None, severity: str, summary: str,
               description: str, anchor: str | None = None) -> dict[str, Any]:
@@ -205,27 +240,31 @@ class Alerts(Exprs):
         short, long_ = cfg.critical_windows
         ww, rw = cfg.warning_window, cfg.regression_window
         ratio = self.ratio_name
+        short_pct = self.percent_of(self.slo(MODEL, short))
+        warn_pct = self.percent_of(self.slo(MODEL, ww))
         return [
             self.alert(
                 ALERT_LOW, self.critical_expr(), cfg.critical_for, "critical",
-                f"Prefix-cache hit rate of {model} collapsed to {pct}.",
-                f"The {ratio} of {model} is {pct} over {self.last(short)}, below "
+                f"Prefix-cache hit rate of {model} collapsed to {short_pct} over "
+                f"{self.span(short)}.",
+                f"The {ratio} of {model} is {short_pct} over {self.last(short)}, below "
                 f"{threshold}: a collapse (below "
                 f"{self.threshold_text(cfg.critical_collapse_share)}) or a fall that "
                 f"{self.last(long_)} confirm. Prompts are recomputed from scratch: "
                 "TTFT and GPU load go up. Usually something now changes near the top of the "
                 "prompt (a timestamp, an id, tool order)." + self.diagnosis_clause()
-                + self.ledger_clause(),
+                + self.culprit_clause() + self.ledger_clause(),
             ),
             self.alert(
                 ALERT_LOW,
                 f"{self.below_threshold(self.slo(MODEL, ww))}\n{self.guards(ww)}",
                 cfg.warning_for, "warning",
-                f"Prefix-cache hit rate of {model} is low ({pct}).",
+                f"Prefix-cache hit rate of {model} is low ({warn_pct} over {self.span(ww)}).",
                 f"The {ratio} of {model} has been below {threshold} for "
-                f"{self.span(cfg.warning_for)} ({pct} now, over {self.span(ww)}). A slow drift: "
-                "more distinct prefixes, a fuller KV pool, or a prompt change rolled out gradually."
-                + self.diagnosis_clause() + self.ledger_clause(),
+                f"{self.span(cfg.warning_for)} ({warn_pct} now, over {self.span(ww)}). A slow "
+                "drift: more distinct prefixes, a fuller KV pool, or a prompt change rolled out "
+                "gradually." + self.diagnosis_clause() + self.culprit_clause()
+                + self.ledger_clause(),
             ),
             self.alert(
                 ALERT_REGRESSION,

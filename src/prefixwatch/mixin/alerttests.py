@@ -171,10 +171,13 @@ class Cases(TierCases):
         clause = self.builder.diagnosis_clause()
         rendered = render_diagnosis(list(causes), self.cfg.runbook_url_pattern)
         ledger = self.builder.ledger_clause()
+        culprit = self.builder.culprit_clause()
         said = render_ledger(*(largest or (None, None)))
 
         def text(v: str) -> str:
             v = v.replace(clause, "\0")
+            if culprit:  # no case has culprit series: the clause renders to nothing
+                v = v.replace(culprit, "")
             if ledger:
                 v = v.replace(ledger, "\1")
             return render_annotation(v, full, value).replace("\0", rendered).replace(

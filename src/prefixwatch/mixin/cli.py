@@ -26,7 +26,8 @@ log = logging.getLogger("prefixwatch.mixin")
 def add_config_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="mixin config (YAML): threshold and per-model overrides, selectors, "
-                        "cluster label, windows, ... (every key: alerts/mixin.example.yml)")
+                        "cluster label, windows, ... (every key: "
+                        "`prefixwatch example-config mixin`)")
 
 
 def add_rules_parser(sub: argparse._SubParsersAction) -> None:

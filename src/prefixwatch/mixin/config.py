@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prefixwatch.core.errors import ConfigError
+from prefixwatch.core.story import window_words
 from prefixwatch.core.vocab import exposition, rulenames, settings
 from prefixwatch.core.vocab.causes import COLD_START, DiagnosisThresholds
 from prefixwatch.core.vocab.settings import DiagnosisSettings
@@ -190,15 +191,9 @@ def _by_length(windows: set[str]) -> tuple[str, ...]:
 
 def prom_duration(seconds: float) -> str:
     """Seconds as a Prometheus duration ('1h30m', '45s', '500ms')."""
-    ms = round(seconds * 1000)
-    if ms <= 0:
+    if round(seconds * 1000) <= 0:
         raise ValueError("duration must be positive")
-    out = ""
-    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
-        if ms >= size:
-            out += f"{ms // size}{unit}"
-            ms %= size
-    return out
+    return window_words(seconds)
 
 
 # -- loading -----------------------------------------------------------------------------------

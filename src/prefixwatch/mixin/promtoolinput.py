@@ -89,10 +89,17 @@ _EQ_CHAIN = re.compile(r'\{\{ if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)'
 _ELSE_IF = re.compile(r'\{\{ else if eq \$labels\.(\w+) "(.*?)" \}\}(.*?)(?=\{\{ else |$)')
 
 
+_PERCENT_OF = re.compile(r'\{\{ with query \(printf "100 \* .*?\) \}\}'
+                        r'\{\{ \. \| first \| value \| printf "%\.1f%%" \}\}\{\{ end \}\}')
+
+
 def render_annotation(template: str, labels: dict[str, str], value: float) -> str:
     """The few template constructs our annotations use, rendered as Prometheus would."""
     text = template.replace("{{ $value | humanizePercentage }}", humanize_percentage(value))
     text = text.replace("{{ $value }}", f"{value:g}")  # Go's %v of a float64, for counts
+    # The alerted series queried times 100 and printed to one decimal (Alerts.percent_of):
+    # the alert's value itself.
+    text = _PERCENT_OF.sub(lambda _m: f"{value * 100:.1f}%", text)
 
     def chain(match: re.Match[str]) -> str:
         branches = [(match.group(1), match.group(2), match.group(3))]

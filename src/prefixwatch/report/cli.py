@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.report import Request, write_report
 
 
@@ -28,14 +28,16 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--prometheus", required=True, metavar="URL",
                    help="Prometheus base URL, e.g. http://127.0.0.1:9090")
     when = p.add_mutually_exclusive_group(required=True)
-    when.add_argument("--since", metavar="DURATION", help="the last DURATION, e.g. 2h")
+    when.add_argument("--since", metavar="DURATION", type=cliargs.duration,
+                      help="the last DURATION, e.g. 2h or 7200 (seconds)")
     when.add_argument("--from", dest="start", metavar="TIME",
                       help="range start: RFC 3339 (2026-01-05T10:00:00Z) or unix seconds")
     p.add_argument("--to", dest="end", metavar="TIME", help="range end (default: now)")
     p.add_argument("--model", metavar="NAME",
                    help="model_name to report on (default: the busiest in range)")
     p.add_argument("--config", metavar="FILE",
-                   help="the mixin's rules config (alerts/mixin.example.yml): the report "
+                   help="the mixin's rules config (every key: `prefixwatch example-config "
+                        "mixin`): the report "
                         "reads the ratio, window and threshold that page under it")
     p.add_argument("--threshold", type=float, metavar="RATIO",
                    help="alert threshold (0-1; default: the config's, else the default)")
@@ -51,8 +53,8 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="prefill throughput of one GPU: recomputed tokens as GPU-seconds")
     p.add_argument("--price-per-million-tokens", type=float, metavar="PRICE",
                    help="cost of a million prefill tokens: recomputed tokens as money")
-    p.add_argument("--timeout", type=float, default=15.0, metavar="SECONDS",
-                   help="deadline of each Prometheus request (default 15)")
+    p.add_argument("--timeout", type=cliargs.duration, default=15.0, metavar="DURATION",
+                   help="deadline of each Prometheus request (default 15s)")
     p.add_argument("--out", default="prefixwatch-report", metavar="DIR",
                    help="output directory (default ./prefixwatch-report)")
     return p
@@ -78,10 +80,7 @@ def time_range(args: argparse.Namespace, now: float | None = None) -> tuple[floa
     now = time.time() if now is None else now
     end = parse_time(args.end) if args.end else now
     if args.since:
-        try:
-            return end - parse_duration(args.since), end
-        except ValueError as exc:
-            raise ConfigError(f"--since: {exc}") from None
+        return end - args.since, end
     return parse_time(args.start), end
 
 

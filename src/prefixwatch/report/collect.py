@@ -11,7 +11,10 @@ error says so.
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 
+from prefixwatch.core.story import window_words
 from prefixwatch.core.vocab import exposition, settings
 from prefixwatch.core.vocab.rulenames import (
     ALERT_PATTERN,
@@ -59,6 +62,9 @@ def _sel(model: str, extra: str = "") -> str:
     return "{" + f'{exposition.L_MODEL}="{escaped}"' + (f",{extra}" if extra else "") + "}"
 
 
+#: A range selector in a rule's expression ('[6s]', '[2m]').
+_RANGE = re.compile(r"\[(\d+(?:ms|s|m|h|d))\]")
+
 def _quantile(q: float) -> str:
     return f'quantile="{q:g}"'
 
@@ -76,12 +82,34 @@ class Collector:
         if not 0 < req.threshold < 1:
             raise ReportError(f"the threshold must be between 0 and 1, not {req.threshold}")
         self.client = client
-        self.req = req
+        self.notes: list[str] = []
+        req = self.req = self._with_loaded_scale(req)
         self.names = recorded(req.hit_ratio, req.ratio_window)
         self.device = recorded(settings.HIT_RATIO_DEVICE, req.ratio_window)
         self.effective = recorded(settings.HIT_RATIO_EFFECTIVE, req.ratio_window)
         self.window = parse_duration(req.ratio_window) * req.time_scale
+        self.replica_window = parse_duration(REPLICA_WINDOW) * req.time_scale
         self._set_range(req.start, req.end)
+
+    def _with_loaded_scale(self, req: Request) -> Request:
+        """The request on the time scale of the rules Prometheus has loaded (the demo's
+        compress every window): the recorded series' own range says it, so a report without
+        --config reads the windows that really paged."""
+        try:
+            rules = self.client.rule_expressions()
+        except ReportError:
+            return req
+        expr = rules.get(recorded(req.hit_ratio, req.ratio_window).num, "")
+        ranges = {parse_duration(r) for r in _RANGE.findall(expr)}
+        if len(ranges) != 1:
+            return req
+        scale = ranges.pop() / parse_duration(req.ratio_window)
+        if math.isclose(scale, req.time_scale, rel_tol=0.01):
+            return req
+        self.notes.append(f"Prometheus' rules compute the {req.ratio_window} series over "
+                          f"{window_words(scale * parse_duration(req.ratio_window))} (time "
+                          f"scale {scale:g}): this report reads them so.")
+        return replace(req, time_scale=scale)
 
     def _set_range(self, start: float, end: float) -> None:
         self.start, self.end = start, end
@@ -198,6 +226,7 @@ class Collector:
                       else (self.start, self.end))
         data.pool_curve = pool_curve(self.client, _sel(data.model), start, end, self.step)
         data.pool_curve_span = "during the drop" if during is not None else "over the range"
+
     def ladder(self, model: str) -> tuple[str, list[str]] | None:
         """The model's ladder (prefixwatch_ladder_hit_ratio) at the end of the range, over
         the longest window the exporter wrote it for."""
@@ -214,22 +243,23 @@ class Collector:
         window = max(found, key=lambda w: _window_seconds(w))
         return window, lines(found[window])
 
-    def _inside(self, metric: str, span: Phase) -> str:
+    def _inside(self, metric: str, span: Phase, window: float | None = None) -> str:
         """The mean over ``span`` of a recorded rate, from samples (one a step) whose windows
-        lie inside the span: each covers the window before it, so traffic from the other side
-        of a transition never counts (the span's edges weigh less). A span one window long
-        is its last sample."""
-        inner = span.seconds - self.window
+        (``window`` seconds, the paging ratio's by default) lie inside the span: each covers
+        the window before it, so traffic from the other side of a transition never counts
+        (the span's edges weigh less). A span one window long is its last sample."""
+        inner = span.seconds - (self.window if window is None else window)
         if inner < 1:
             return metric
         return f"avg_over_time({metric}[{_dur(inner)}:{_dur(min(self.step, inner))}])"
 
-    def _mean(self, metric: str, model: str, span: Phase, by: str = "") -> dict[str, float]:
+    def _mean(self, metric: str, model: str, span: Phase, by: str = "",
+              window: float | None = None) -> dict[str, float]:
         """The mean of a recorded rate over a span (see _inside), per ``by`` (one value
         without)."""
         group = f" by ({by})" if by else ""
         found = self.client.query(
-            f"sum{group} ({self._inside(metric + _sel(model), span)})", span.end)
+            f"sum{group} ({self._inside(metric + _sel(model), span, window)})", span.end)
         return {s.labels.get(by, ""): s.samples[0][1] for s in found}
 
     def _phase_ratio(self, series: Recorded, model: str, span: Phase) -> float | None:
@@ -241,8 +271,10 @@ class Collector:
         denominator (summed before dividing, as the rules do)."""
         queries = self._mean(self.device.den, model, phase).get("", math.nan) * phase.seconds
         hits = self._mean(self.device.num, model, phase).get("", math.nan) * phase.seconds
-        num = self._mean(self.names.replica_num, model, phase, exposition.L_TARGET)
-        den = self._mean(self.names.replica_den, model, phase, exposition.L_TARGET)
+        num = self._mean(self.names.replica_num, model, phase, exposition.L_TARGET,
+                         self.replica_window)
+        den = self._mean(self.names.replica_den, model, phase, exposition.L_TARGET,
+                         self.replica_window)
         ttft = {}
         for q in TTFT_QUANTILES:
             found = self.client.query(
@@ -259,7 +291,7 @@ class Collector:
     def collect(self) -> ReportData:
         req = self.req
         model, known = self.pick_model()
-        notes = [note] if (note := self.clip(model)) else []
+        notes = [*self.notes, *([note] if (note := self.clip(model)) else [])]
         if req.model is None and len(known) > 1:
             notes.append(f"Several models in range ({', '.join(known)}); this report is on "
                          f"the busiest, {model} (choose with --model).")
@@ -280,13 +312,28 @@ class Collector:
             ttft=self.ttft_series(model), alerts=self.alert_firings(model),
             diagnosis=self.diagnosis(model), crossings=cross, phases=stats,
             tiers=self.tiers(model), ledger=self.ledger(model), hit_ratio=req.hit_ratio,
-            ratio_window=req.ratio_window, notes=notes, ladder=self.ladder(model))
+            ratio_window=req.ratio_window, notes=notes, ladder=self.ladder(model),
+            replica_window=self.replica_window)
+        data.culprit = self.culprit(model, cross.first_drop)
         self._pool_curve(data)
         if not stats:
             data.phase_note = (f"No phase of the range is longer than the {self.window:.0f}s "
                                "rate window: widen the range.")
         self._incident_cost(data)
         return data
+
+    def culprit(self, model: str, since: float | None) -> str | None:
+        """The exporter's culprit in words most often recorded from the drop on (over the
+        range without a drop); None when it recorded none."""
+        found = self.client.query(f"{exposition.OUT_CULPRIT.name}{_sel(model)}[{_dur(self.span)}]",
+                                  self.end)
+        seen = {}
+        for s in found:
+            words = s.labels.get(exposition.L_CULPRIT)
+            n = sum(1 for t, _ in s.samples if since is None or t >= since)
+            if words and n:
+                seen[words] = seen.get(words, 0) + n
+        return max(seen, key=lambda w: (seen[w], w)) if seen else None
 
     def _incident_cost(self, data: ReportData) -> None:
         """Prompt tokens recomputed because of the incident: the incident's prompt tokens at

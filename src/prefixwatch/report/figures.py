@@ -20,7 +20,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
 
-from prefixwatch.core.vocab.rulenames import REPLICA_WINDOW  # noqa: E402
 from prefixwatch.report.model import ReportData  # noqa: E402
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.8, 5.6, 100
@@ -117,18 +116,20 @@ def figure1(data: ReportData) -> Drawn:
         if len(data.replicas) > 1 and samples:
             ts, vs = zip(*samples, strict=True)
             (line,) = ax.plot(_dt(ts), vs, color=palette[i % len(palette)], linewidth=1.3,
-                              label=f"replica {target} ({REPLICA_WINDOW})" if i < 8 else None)
+                              label=f"replica {target} (over {data.replica_window_name})"
+                              if i < 8 else None)
             if i < 8:
                 handles.append(line)
     if data.device:
         ts, vs = zip(*data.device, strict=True)
         (line,) = ax.plot(_dt(ts), vs, color="#6a51a3", linewidth=1.4, linestyle=(0, (2, 2)),
-                          label=f"device hit ratio, fleet ({data.ratio_window}; does not page)")
+                          label=f"device hit ratio, fleet (over {data.window_name}; does not "
+                                "page)")
         handles.insert(0, line)
     if data.fleet:
         ts, vs = zip(*data.fleet, strict=True)
         (line,) = ax.plot(_dt(ts), vs, color="#08519c", linewidth=2.8,
-                          label=f"{data.ratio_label}, fleet ({data.ratio_window})")
+                          label=f"{data.ratio_label}, fleet (over {data.window_name})")
         handles.insert(0, line)
     threshold = ax.axhline(data.threshold, color="#d62728", linestyle=(0, (6, 3)),
                            linewidth=1.4, label=f"alert threshold {data.threshold:.0%}")
@@ -178,11 +179,11 @@ def _stacked(data: ReportData, name: str, title: str,
                  colors=[colours.get(k, "#999999") for k in keys], alpha=0.85, linewidth=0)
     if shares:
         ax.axhline(data.threshold, color="#d62728", linestyle=(0, (6, 3)), linewidth=1.2)
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(0, 1.0)
         ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
         ax.set_ylabel("share of prompt tokens", fontsize=12)
     else:
-        ax.set_ylabel(f"prompt tokens per second ({data.window:.0f}s rate)", fontsize=12)
+        ax.set_ylabel(f"prompt tokens per second (over {data.window_name})", fontsize=12)
         ax.set_ylim(bottom=0)
     _time_axis(ax, data)
     _legend(fig)
@@ -204,7 +205,21 @@ def figure3(data: ReportData) -> Drawn | None:
     """Where the missed prompt tokens go: the ledger's parts as shares over time."""
     if not data.ledger:
         return None
-    positive = {k: [(t, max(v, 0.0)) for t, v in s] for k, s in data.ledger.items()}
     return _stacked(data, "figure3-ledger",
                     f"Where the prompt tokens go (the hit-rate ledger): {data.model}",
-                    positive, list(LEDGER_COLOURS), LEDGER_COLOURS, LEDGER_LABELS, shares=True)
+                    stackable_shares(data.ledger), list(LEDGER_COLOURS), LEDGER_COLOURS,
+                    LEDGER_LABELS, shares=True)
+
+
+def stackable_shares(ledger: dict[str, list[tuple[float, float]]]
+                     ) -> dict[str, list[tuple[float, float]]]:
+    """The ledger's shares made stackable: a negative part (a signed unexplained rest, the
+    tails of a window's edges) cannot be drawn, so it is left out and the others are scaled
+    to what they sum to when that passes 100%: the stack never claims more than the prompt
+    tokens."""
+    drawn = {k: v for k, v in ledger.items() if k in LEDGER_COLOURS}
+    totals: dict[float, float] = {}
+    for samples in drawn.values():
+        for t, v in samples:
+            totals[t] = totals.get(t, 0.0) + max(v, 0.0)
+    return {k: [(t, max(v, 0.0) / max(1.0, totals[t])) for t, v in s] for k, s in drawn.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prefixwatch.core.story import root_causes, window_words
 from prefixwatch.core.vocab import settings
 from prefixwatch.core.vocab.rulenames import (
     MODEL,
@@ -119,6 +120,27 @@ class ReportData:
     #: The model's ladder at the end of the range (core/kv/ladder.py): its window, and each
     #: rung's hit ratio, as text lines; None when the exporter wrote none.
     ladder: tuple[str, list[str]] | None = None
+    #: The per-replica ratio's window, in seconds (REPLICA_WINDOW under the time scale).
+    replica_window: float = 0.0
+    #: What varied early in the prompts during the incident, in words (the exporter's
+    #: culprit series); None when none was recorded.
+    culprit: str | None = None
+
+    @property
+    def window_name(self) -> str:
+        """The paging ratio's window by its length ('6s' under the demo's time scale)."""
+        return window_words(self.window)
+
+    @property
+    def replica_window_name(self) -> str:
+        return window_words(self.replica_window or self.window)
+
+    @property
+    def root_causes(self) -> list[str]:
+        """The causes that held when the ratio dropped or after (core/story.py)."""
+        spans = {cause: [(iv.start, None if iv.open else iv.end) for _t, iv in held]
+                 for cause, held in self.diagnosis.items()}
+        return root_causes(spans, self.crossings.first_drop)
 
     @property
     def ratio_label(self) -> str:

@@ -85,6 +85,16 @@ class PromClient:
         """An instant query at ``at``; a range selector gives raw samples (a matrix)."""
         return _series(self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}))
 
+    def rule_expressions(self) -> dict[str, str]:
+        """The recording rules Prometheus has loaded: recorded name -> expression."""
+        data = self._get("/api/v1/rules", {"type": "record"})
+        out = {}
+        for group in (data or {}).get("groups") or []:
+            for rule in group.get("rules") or []:
+                if isinstance(rule, dict) and rule.get("name") and rule.get("query"):
+                    out[str(rule["name"])] = str(rule["query"])
+        return out
+
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         step = max(step, (end - start) / MAX_POINTS, 0.001)
         return _series(self._get("/api/v1/query_range", {

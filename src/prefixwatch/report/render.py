@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import jinja2
 
+from prefixwatch.core.story import headline, percent
 from prefixwatch.core.version import __version__
 from prefixwatch.core.vocab.rulenames import MODEL_TIER, R_LEDGER_SHARE, r_cached
 from prefixwatch.report.divergence import Finding
@@ -41,7 +42,7 @@ def when(t: float | None, with_date: bool = False) -> str:
 
 
 def pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    return percent(value)
 
 
 def secs(value: float | None) -> str:
@@ -66,7 +67,7 @@ class Event:
 def timeline(data: ReportData) -> list[Event]:
     events: list[Event] = []
     cross = data.crossings
-    ratio = f"fleet {data.ratio_label} ({data.ratio_window})"
+    ratio = f"fleet {data.ratio_label} (over {data.window_name})"
     if cross.first_drop is not None:
         value = dict(data.fleet).get(cross.first_drop)
         prefix = f"{ratio} already below" if cross.low_at_start else f"{ratio} first below"
@@ -96,12 +97,13 @@ def phase_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
         return [], []
     header = ["", *(f"{p.phase.name} ({when(p.phase.start)}-{when(p.phase.end)})"
                     for p in data.phases)]
-    rows = [["hit ratio, fleet (device)", *(pct(p.hit_ratio) for p in data.phases)]]
+    over = f" (over {data.window_name})"
+    rows = [["device hit ratio, fleet" + over, *(pct(p.hit_ratio) for p in data.phases)]]
     if any(p.effective_ratio is not None for p in data.phases):
-        rows.append(["hit ratio, fleet (effective, all tiers)",
+        rows.append(["effective hit ratio, fleet (all tiers)" + over,
                      *(pct(p.effective_ratio) for p in data.phases)])
     for target in sorted({t for p in data.phases for t in p.per_replica}):
-        rows.append([f"{data.ratio_label}, replica {target}",
+        rows.append([f"{data.ratio_label}, replica {target} (over {data.replica_window_name})",
                      *(pct(p.per_replica.get(target)) for p in data.phases)])
     for q in TTFT_QUANTILES:
         rows.append([f"TTFT p{q * 100:g}", *(secs(p.ttft.get(q)) for p in data.phases)])
@@ -131,10 +133,14 @@ pre{padding:8px;white-space:pre-wrap}
 </style></head><body>
 <h1>Prefix-cache incident report: {{ d.model }}</h1>
 <p class="meta">{{ when(d.start, True) }} to {{ when(d.end, True) }} UTC · Prometheus
-{{ d.prometheus }} · alert threshold {{ pct(d.threshold) }} on the {{ d.ratio_label }}
-({{ d.ratio_window }}, {{ '%.0f' % d.window }}s)
+{{ d.prometheus }} · alert threshold {{ '%.0f%%' % (d.threshold * 100) }} on the fleet
+{{ d.ratio_label }} over {{ d.window_name }} (the recorded {{ d.ratio_window }} series)
 · prefixwatch {{ version }}</p>
 {% for note in d.notes %}<p class="meta">{{ note }}</p>{% endfor %}
+<h2>Summary</h2>
+<p class="story">{{ story }}</p>
+<ul><li>Impact: {{ impact }}</li><li>Detection: {{ detection }}</li>
+<li>Root cause: {{ root_cause }}</li><li>Resolution: <i>(fill in)</i></li></ul>
 <h2>Figures</h2>
 {% for f in figures %}{% if f.drawn %}
 <figure><img class="report-figure" alt="{{ f.drawn.title }}"
@@ -171,15 +177,17 @@ token {{ div.position }} ({{ div.kind }}); an unlimited cache could serve
 _MD = """# Incident report: prefix-cache hit rate of {{ d.model }}
 
 - Range: {{ when(d.start, True) }} to {{ when(d.end, True) }} UTC
-- Source: Prometheus {{ d.prometheus }}; alert threshold {{ pct(d.threshold) }} on the \
-{{ d.ratio_label }} ({{ d.ratio_window }}, {{ '%.0f' % d.window }}s)
+- Source: Prometheus {{ d.prometheus }}; alert threshold {{ '%.0f%%' % (d.threshold * 100) }} \
+on the fleet {{ d.ratio_label }} over {{ d.window_name }} (the recorded {{ d.ratio_window }} series)
 {% for note in d.notes %}- {{ note }}
 {% endfor %}
 ## Summary
 
+{{ story }}
+
 - Impact: {{ impact }}
 - Detection: {{ detection }}
-- Root cause: _(fill in)_{% if top_cause %} (the exporter diagnosed: {{ top_cause }}){% endif %}
+- Root cause: {{ root_cause }}
 - Resolution: _(fill in)_
 
 ## Timeline (UTC)
@@ -269,25 +277,45 @@ def _cost(data: ReportData) -> str:
 
 def _context(data: ReportData, drawn: list[tuple[str, Drawn | None]],
              finding: Finding | None) -> dict:
-    before, during = data.phase("before"), data.phase("during")
-    impact = "no drop below the threshold in this range"
-    if data.crossings.first_drop is not None:
-        impact = (f"fleet {data.ratio_label} {pct(before.judged if before else None)} -> "
-                  f"{pct(during.judged if during else None)}, TTFT p50 "
-                  f"{secs(before.ttft.get(0.5) if before else None)} -> "
-                  f"{secs(during.ttft.get(0.5) if during else None)}")
+    during = data.phase("during")
+    impact = _impact(data)
     first = next((a for a in data.alerts), None)
     detection = (f"{first.name} ({first.severity}) fired at {when(first.interval.start, True)} "
                  "UTC" if first else "no prefixwatch alert fired in range")
-    causes = sorted(data.diagnosis, key=lambda c: -sum(iv.end - iv.start
-                                                       for _, iv in data.diagnosis[c]))
+    causes = data.root_causes
+    now = during.judged if during is not None else (
+        data.fleet[-1][1] if data.fleet else None)
+    story = headline(f"fleet {data.ratio_label}", now, data.window_name, causes, data.culprit)
+    root = ", ".join(causes) if causes else ""
+    if data.culprit:
+        root = f"{root}: {data.culprit}" if root else data.culprit
+    root_cause = (f"{root} (the exporter's diagnosis; confirm, then fill in)" if root
+                  else "_(fill in)_: the exporter diagnosed no cause that held at the drop")
     figures = [{"drawn": fig, "caption": fig.title if fig else not_available(name, data),
                 "b64": base64.b64encode(fig.png).decode() if fig else ""} for name, fig in drawn]
     header, rows = phase_rows(data)
     return {"d": data, "events": timeline(data), "header": header, "rows": rows,
             "diag": diagnosis_rows(data), "cost": _cost(data), "figures": figures,
-            "impact": impact, "detection": detection,
-            "top_cause": ", ".join(causes[:3]), "div": finding}
+            "impact": impact, "detection": detection, "story": story,
+            "root_cause": root_cause, "div": finding}
+
+
+def _impact(data: ReportData) -> str:
+    """Before -> during, in the one precision; or why a side is missing."""
+    before, during = data.phase("before"), data.phase("during")
+    cross = data.crossings
+    if cross.first_drop is None:
+        return "no drop below the threshold in this range"
+    ratio = f"fleet {data.ratio_label} over {data.window_name}"
+    if during is None:
+        return (f"{ratio} below the threshold from {when(cross.first_drop)} UTC; the range "
+                f"holds no phase longer than the {data.window_name} window to average "
+                "(widen it)")
+    if before is None:
+        return (f"{ratio} {pct(during.judged)} during the incident, already below the "
+                "threshold at the start of the range (widen it for a healthy baseline)")
+    return (f"{ratio}: {pct(before.judged)} -> {pct(during.judged)}, TTFT p50 "
+            f"{secs(before.ttft.get(0.5))} -> {secs(during.ttft.get(0.5))}")
 
 
 def render_html(data: ReportData, drawn: list[tuple[str, Drawn | None]],

@@ -9,8 +9,8 @@ import sys
 import threading
 from typing import IO
 
+from prefixwatch.core import cliargs
 from prefixwatch.core.errors import ConfigError
-from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.simulator.driver import Driver, get_scenario
 from prefixwatch.simulator.engine import EngineConfig
 from prefixwatch.simulator.kvpublisher import KVEventsOptions
@@ -21,23 +21,6 @@ from prefixwatch.simulator.server import Replica, ReplicaServer
 from prefixwatch.simulator.via import check_via
 
 log = logging.getLogger("prefixwatch.simulate")
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,22 +37,23 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-scenarios", action="store_true", help="explain each scenario, exit")
     p.add_argument("--scenario", default="static-system-prompt", metavar="NAME",
                    help="workload to run (default static-system-prompt; see --list-scenarios)")
-    p.add_argument("--rate", type=_non_negative, default=4.0, metavar="REQ_PER_S",
+    p.add_argument("--rate", type=cliargs.non_negative, default=4.0, metavar="REQ_PER_S",
                    help="requests per second over all replicas (default 4; 0 = serve only)")
-    p.add_argument("--switch-at", type=_duration, metavar="DURATION",
+    p.add_argument("--switch-at", type=cliargs.duration, metavar="DURATION",
                    help="switch to --switch-to after this long, e.g. 10m (a bad deploy)")
     p.add_argument("--switch-to", metavar="NAME", help="scenario to switch to")
     p.add_argument("--via", metavar="URL",
                    help="send the workload through this router (vllm-router, smg, a gateway: "
                         "its base URL) instead of choosing replicas; the replicas still serve "
                         "and publish their KV events")
-    p.add_argument("--restart-at", type=_duration, metavar="DURATION",
+    p.add_argument("--restart-at", type=cliargs.duration, metavar="DURATION",
                    help="restart every replica once after this long (cold cache, counters reset)")
     p.add_argument("--replicas", type=int, metavar="N",
                    help="number of replicas (default: the scenario's, usually 1)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, metavar="P",
-                   help="first port; replica i listens on P+i (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                   help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, metavar="PORT",
+                   help="first port; replica i listens on PORT+i (default 8000)")
     p.add_argument("--routing", choices=["round-robin", "prefix-affinity"],
                    help="how the workload spreads over replicas (default: the scenario's)")
     p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm",
@@ -79,8 +63,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--page-size", type=int, default=defaults.page_size, metavar="N",
                    help="with --engine sglang: tokens per page SGLang's radix cache matches "
                         f"and stores by, as SGLang's --page-size (default {defaults.page_size})")
-    p.add_argument("--model", default=defaults.model, help=f"model name (default {defaults.model})")
-    p.add_argument("--block-size", type=int, default=defaults.block_size,
+    p.add_argument("--model", default=defaults.model, metavar="NAME",
+                   help=f"model name (default {defaults.model})")
+    p.add_argument("--block-size", type=int, default=defaults.block_size, metavar="N",
                    help=f"tokens per KV block (default {defaults.block_size})")
     p.add_argument("--kv-blocks", type=int, metavar="N",
                    help=f"KV pool size per replica in blocks (default: the scenario's, "
@@ -99,11 +84,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                    default=defaults.kv_cache_metrics_sample, metavar="RATE",
                    help=f"share of blocks tracked, as vLLM's flag (default "
                         f"{defaults.kv_cache_metrics_sample:g})")
-    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len,
+    p.add_argument("--max-model-len", type=int, default=defaults.max_model_len, metavar="N",
                    help=f"longest prompt plus output (default {defaults.max_model_len})")
-    p.add_argument("--prefill-tokens-per-s", type=float, default=defaults.prefill_tokens_per_s,
+    p.add_argument("--prefill-tokens-per-s", type=float, metavar="N",
+                   default=defaults.prefill_tokens_per_s,
                    help=f"modelled prefill throughput (default {defaults.prefill_tokens_per_s:g})")
-    p.add_argument("--time-per-output-token", type=float,
+    p.add_argument("--time-per-output-token", type=float, metavar="SECONDS",
                    default=defaults.time_per_output_token,
                    help=f"modelled decode time per token in seconds "
                         f"(default {defaults.time_per_output_token:g})")
@@ -112,7 +98,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
                         "VLLM_LOGGING_LEVEL=DEBUG) to FILE, '-' for stdout")
     p.add_argument("--max-log-len", type=int, metavar="N",
                    help="cut logged prompts and token ids at N, as vLLM's --max-log-len")
-    p.add_argument("--request-log-max-mb", type=_non_negative, default=0, metavar="MB",
+    p.add_argument("--request-log-max-mb", type=cliargs.non_negative, default=0, metavar="MB",
                    help="rotate the --request-log FILE to FILE.1 when it reaches MB megabytes "
                         "(default 0: never; the log grows about 300 MB an hour at 4 req/s)")
     p.add_argument("--kv-events-port", type=int, metavar="N",
@@ -127,8 +113,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-events-replay-port", type=int, metavar="N",
                    help="also serve vLLM's replay endpoint (ROUTER): replica i binds "
                         "tcp://HOST:N+i and resends buffered messages from a sequence number")
-    p.add_argument("--seed", type=int, default=1, help="workload random seed (default 1)")
-    p.add_argument("--duration", type=_duration, metavar="DURATION",
+    p.add_argument("--seed", type=int, default=1, metavar="N",
+                   help="workload random seed (default 1)")
+    p.add_argument("--duration", type=cliargs.duration, metavar="DURATION",
                    help="stop after this long (default: run until Ctrl-C)")
 
 
@@ -353,8 +340,9 @@ def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptio
 
 
 def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
-    """Block until SIGINT/SIGTERM (Ctrl-C) or ``duration`` seconds; return the signal, or
-    None when the duration ended it."""
+    """Block until SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) or ``duration``
+    seconds; return the signal, or None when the duration ended it. SIGHUP is handled so that
+    children in sessions of their own (the demo's Prometheus) are stopped, not orphaned."""
     stop = threading.Event()
     received: list[signal.Signals] = []
 
@@ -364,8 +352,8 @@ def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
         received.append(sig)
         stop.set()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
     stop.wait(duration)
     return received[0] if received else None
 

@@ -58,6 +58,9 @@ class FleetContent:
 
     def __init__(self, model: str, max_blocks: int = exposition.KV_MAX_CONTENT_BLOCKS) -> None:
         self.model = model
+        #: The content ids of placeholder roots: chains whose first parent was never seen,
+        #: so their token positions count from an unknown depth.
+        self.placeholder_roots: set[int] = set()
         self.max_blocks = max_blocks
         self.lock = threading.Lock()
         self.blocks: dict[int, Block] = {}  # insertion order: the oldest first

@@ -16,6 +16,9 @@ class Divergence:
     mine: list[int]
     theirs: list[int]
     chain_tokens: int  # the new chain's known length, for the own-content share
+    #: The content id of the chain's root: a placeholder's (its start never seen, so the
+    #: position counts from an unknown depth) is in FleetContent.placeholder_roots.
+    root: int = 0
 
 
 @dataclass

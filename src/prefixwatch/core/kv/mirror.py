@@ -137,6 +137,7 @@ class TargetMirror:
         if parent is None and with_tokens:
             self.count_error(exposition.KV_ERROR_UNKNOWN_PARENT)
             parent = self.fleet.root(("unknown parent", ev.lora_name, ph))
+            self.fleet.placeholder_roots.add(parent.cid)
         return parent
 
     def _tokens(self, ev: Any, n: int, bs: int) -> Sequence[int]:

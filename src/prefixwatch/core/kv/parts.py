@@ -151,9 +151,12 @@ class ComputedParts:
         position = parent.end + j
         self.divergence.observe(position)
         lo = at * bs + j
+        root = parent
+        while root.parent is not None:  # a block per 16 tokens, once per divergence
+            root = root.parent
         self.pending.append(Divergence(
             position, list(toks[max(0, lo - DIVERGENCE_CONTEXT):lo]),
             list(toks[lo:lo + DIVERGENCE_CONTEXT]),
             layoutsearch.path_tokens(sibling, j, DIVERGENCE_CONTEXT),
-            parent.end + len(toks) - at * bs))
+            parent.end + len(toks) - at * bs, root.cid))
         return sibling, j, parent.end + j

@@ -194,6 +194,14 @@ OUT_DIVERGENCE_KIND = OutMetric(
 OUT_DIVERGENCE_TOP_KIND = OutMetric(
     "prefixwatch_prefix_divergence_top_kind", "gauge",
     "1 on the most frequent divergence kind of the window.", (L_MODEL, L_WINDOW, L_KIND))
+L_POSITION = "position"
+L_CULPRIT = "culprit"
+OUT_CULPRIT = OutMetric(
+    "prefixwatch_prefix_culprit", "gauge",
+    "What varies early in the prompts of the diagnosis window, from the KV event stream or "
+    "the requests log: its kind, the token where requests most often part, and the sentence "
+    "every surface shows; the value is its share of the early divergences.",
+    (L_MODEL, L_KIND, L_POSITION, L_CULPRIT))
 OUT_REQUESTS_LOG_LINES = OutMetric(
     "prefixwatch_requests_log_lines", "counter",
     "Lines read from the requests log, by result (request, truncated, skipped, other).",
@@ -478,3 +486,28 @@ OUT_LADDER = OutMetric(
     "names added (rung: delivered, perfect_routing, capacity, ideal_prompts; core/kv/ladder.py). "
     "The step between two rungs is what that fix is worth. Capacity is absent until the "
     "capacity what-if measures it.", (L_MODEL, L_WINDOW, L_RUNG))
+#: Each reason in words, where its count is shown (the landing page): what happened and
+#: whether it matters.
+KV_ERROR_MEANINGS: dict[str, str] = {
+    "malformed_payload": "messages that are not a KV event batch (dropped)",
+    "unknown_event_type": "events of a type this version does not know (skipped, the rest "
+                          "used)",
+    "wrong_frame_count": "messages of other than three frames (dropped)",
+    "bad_sequence": "messages whose sequence number is not 8 bytes (dropped)",
+    "too_large": "messages over the size limit (dropped)",
+    "unknown_topic": "messages on a topic no target is mapped to (listen mode)",
+    "sequence_restart": "times the engine's sequence went back (a restart): its blocks "
+                        "forgotten",
+    "replay_timeout": "replays of missed messages that did not finish in time",
+    "replay_error": "replays that answered something unusable",
+    "disconnected": "times the stream dropped (reconnected on its own)",
+    KV_ERROR_TOKENS: "stored blocks without their tokens: their content is unknown",
+    KV_ERROR_UNKNOWN_PARENT: "chains whose first parent was stored before the exporter "
+                             "listened: their start is unknown, the rest is counted",
+    KV_ERROR_UNKNOWN_BLOCK: "removals of blocks stored before the exporter listened: "
+                            "harmless, expected for a while after it starts",
+    KV_ERROR_MIRROR_FULL: "resident copies past the target's cap: not mirrored",
+    KV_ERROR_HISTORY_FULL: "old content forgotten at the model's cap",
+    KV_ERROR_GHOSTS_FULL: "evicted content within the pool what-if's reach forgotten at its "
+                          "cap: the larger pools' gains are a little low",
+}

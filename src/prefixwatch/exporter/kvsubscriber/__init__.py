@@ -106,6 +106,13 @@ class KvEvents:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
+    def name_pending(self) -> None:
+        """Name the divergences still waiting for the kind namer's next tick, now (a
+        one-shot reader, `status`, wants them all before it reports)."""
+        for loop in self._loops:
+            if isinstance(loop, KindNamer):
+                loop.name_once()
+
     def all_sources(self) -> list[KvSource]:
         out = list(self.sources.values())
         if self.config.kv_events_listen is not None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 from prefixwatch.core.cache.whatvaries import guess_kind
 from prefixwatch.core.kv.counts import Divergence
@@ -26,6 +27,20 @@ TOKENIZER_TIMEOUT = 3.0
 UNKNOWN = "unknown"
 
 Decoder = Callable[[list[int]], str]
+
+
+def recent_divergences(sources: Iterable[KvSource], since: float
+                       ) -> dict[str, Counter[tuple[str, int]]]:
+    """The named divergences of ``sources`` since ``since`` (a time.time() value), per model,
+    counted by (kind, token position): what the culprit is chosen from."""
+    out: dict[str, Counter[tuple[str, int]]] = {}
+    for source in sources:
+        with source.lock:
+            named = [(model, kind, position) for at, model, kind, position in source.named
+                     if at >= since]
+        for model, kind, position in named:
+            out.setdefault(model, Counter())[(kind, position)] += 1
+    return out
 
 
 def classify(div: Divergence, decode: Decoder | None) -> str:
@@ -86,6 +101,9 @@ class KindNamer:
                 kind = classify(div, decode)
                 with source.lock:
                     source.kinds[kind] = source.kinds.get(kind, 0) + 1
+                    if div.root not in mirror.fleet.placeholder_roots:  # a position known
+                        source.named.append((time.time(), mirror.fleet.model, kind,
+                                             div.position))
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):

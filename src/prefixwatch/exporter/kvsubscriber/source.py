@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,6 +22,8 @@ from prefixwatch.core.kv.mirror import FleetContent, MirrorSnapshot, TargetMirro
 from prefixwatch.core.vocab import exposition
 
 log = logging.getLogger("prefixwatch.exporter.kvsubscriber")
+#: Named divergences a source keeps for the culprit (a few minutes of a busy engine).
+NAMED_DIVERGENCES = 4096
 
 #: Batches held while the target's model is not known yet (its first poll), at most.
 HOLD_MESSAGES = 1024
@@ -66,6 +69,9 @@ class KvSource:
         self.max_message_bytes = max_message_bytes
         self.max_resident = max_resident
         self.lock = threading.Lock()
+        #: The recent divergences the kind namer named: (time, model, kind, token position),
+        #: for the culprit (core/story.py); bounded.
+        self.named: deque[tuple[float, str, str, int]] = deque(maxlen=NAMED_DIVERGENCES)
         self.mirror: TargetMirror | None = None
         self.connected = False
         self.decoding = True

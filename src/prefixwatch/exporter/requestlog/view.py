@@ -23,7 +23,7 @@ from prometheus_client.utils import floatToGoString
 
 from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex
 from prefixwatch.core.cache.requestledger import Ledger, Parts
-from prefixwatch.core.cache.whatvaries import guess_kind
+from prefixwatch.core.cache.whatvaries import OWN_CONTENT_SHARE, guess_kind
 from prefixwatch.core.diagnosis import RequestEvidence
 from prefixwatch.core.vocab import exposition
 
@@ -151,6 +151,20 @@ class RequestView:
             ev.ledger = self.ledger.window(since)
             ev.ledger_unmeasured = self.ledger.unmeasured()
         return ev, kinds
+
+    def divergences(self, window: float) -> Counter[tuple[str, int]]:
+        """The early divergences of the last ``window`` seconds by (kind, token position):
+        each request's, before the share of its prompt where its own content starts."""
+        since = self.clock() - window
+        counts: Counter[tuple[str, int]] = Counter()
+        with self.lock:
+            for entry in reversed(self.index.window):
+                if entry.at < since:
+                    break
+                if (entry.kind is not None and entry.prompt_tokens
+                        and entry.reach < OWN_CONTENT_SHARE * entry.prompt_tokens):
+                    counts[(entry.kind, entry.reach)] += 1
+        return counts
 
     def ledger_window(self, window: float) -> tuple[Parts, tuple[str, ...]]:
         """The ledger of the last ``window`` seconds, and the parts it cannot tell apart."""
