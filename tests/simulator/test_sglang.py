@@ -222,3 +222,19 @@ def test_bad_page_sizes_are_one_line_errors(argv: list[str], message: str) -> No
                         "--rate", "0", "--duration", "1s", *argv],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_reset_prefix_cache_empties_the_radix_tree() -> None:
+    """POST /reset_prefix_cache on an SGLang replica forgets what its radix tree holds (the
+    store SGLang caches in), not only the vLLM block pool it never uses."""
+    engine = SGLangEngine(EngineConfig(num_blocks=64, block_size=16), VirtualClock())
+    prompt = list(range(1, 200))
+    for _ in range(2):
+        req = engine.submit(prompt, 4)
+        engine.run_until_idle()
+    assert req.cached_tokens > 0
+    assert engine.reset_prefix_cache()
+    assert engine.kv_usage == 0.0
+    req = engine.submit(prompt, 4)
+    engine.run_until_idle()
+    assert req.cached_tokens == 0

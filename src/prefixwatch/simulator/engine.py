@@ -20,11 +20,23 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prefixwatch.core.cache.blockcache import BlockPool, Node, Residency
 from prefixwatch.simulator.kvpublisher import KVEvents
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
+
+
+class PrefixStore(Protocol):
+    """Where an engine caches prompts (vLLM's block pool, SGLang's radix tree): what the KV
+    event stream is attached to, what a restart and a prefix-cache reset empty, what the KV
+    usage gauge reads."""
+
+    events: Any
+
+    def reset(self) -> None: ...
+
+    def usage(self) -> float: ...
 
 
 @dataclass
@@ -124,11 +136,18 @@ class Engine:
         #: vLLM's KV event stream (--kv-events-port); None when off.
         self.kv_events: KVEvents | None = None
 
+    @property
+    def prefix_store(self) -> PrefixStore:
+        """Where this engine caches prompts (vLLM's block pool): what attaching the KV event
+        stream, a restart, a prefix-cache reset and the KV usage act on."""
+        return self.pool
+
     def attach_kv_events(self, kv_events: KVEvents) -> None:
-        """Publish the pool's (and the host tier's) stores and evictions, once per step."""
+        """Publish the prefix store's (and the host tier's) stores and evictions, once per
+        step."""
         with self.lock:
             self.kv_events = kv_events
-            self.pool.events = kv_events.sink
+            self.prefix_store.events = kv_events.sink
             if self.offload is not None:
                 self.offload.events = kv_events.sink
 
@@ -311,7 +330,7 @@ class Engine:
                 req.done.set()
             self.running.clear()
             self.waiting.clear()
-            self.pool.reset()
+            self.prefix_store.reset()
             if self.offload is not None:
                 self.offload.reset()
             if self.kv_events is not None:
@@ -326,7 +345,7 @@ class Engine:
         with self.lock:
             if self.running or self.waiting:
                 return False
-            self.pool.reset()
+            self.prefix_store.reset()
             if self.kv_events is not None:
                 self.kv_events.sink.cleared()
                 self.kv_events.flush()
@@ -334,7 +353,7 @@ class Engine:
 
     @property
     def kv_usage(self) -> float:
-        return self.pool.usage()
+        return self.prefix_store.usage()
 
     def run_until_idle(self, step: float = 0.01, limit: float = 3600.0) -> float:
         """Virtual time: step (advancing a VirtualClock) until idle; returns the time."""

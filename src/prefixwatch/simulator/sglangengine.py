@@ -35,8 +35,7 @@ from prefixwatch.core.cache.radixcache import (
     page_hash,
     signed64,
 )
-from prefixwatch.simulator.engine import Engine, EngineConfig, SimRequest
-from prefixwatch.simulator.kvpublisher import KVEvents
+from prefixwatch.simulator.engine import Engine, EngineConfig, PrefixStore, SimRequest
 from prefixwatch.simulator.offload import LOAD_SPEEDUP, HostTier
 
 
@@ -75,13 +74,10 @@ class SGLangEngine(Engine):
                                         ps) if config.offload_blocks else None)
         self._batch = [0, 0]  # this step's prefill batch: cached tokens, prompt tokens
 
-    def attach_kv_events(self, kv_events: KVEvents) -> None:
-        """Publish the tree's (and the host pool's) stores and evictions, once per step."""
-        with self.lock:
-            self.kv_events = kv_events
-            self.cache.events = kv_events.sink
-            if self.offload is not None:
-                self.offload.events = kv_events.sink
+    @property
+    def prefix_store(self) -> PrefixStore:
+        """SGLang caches prompts in its radix tree, not in vLLM's block pool."""
+        return self.cache
 
     def _check_fits(self, tokens: int) -> None:
         needed = -(-tokens // self.cache.page_size) * self.cache.page_size
@@ -191,10 +187,5 @@ class SGLangEngine(Engine):
     def restart(self) -> None:
         with self.lock:
             super().restart()
-            self.cache.reset()
             if self.kv_events is not None:
                 self.kv_events.sink.cleared()  # SGLang's reset publishes AllBlocksCleared
-
-    @property
-    def kv_usage(self) -> float:
-        return self.cache.usage()
