@@ -41,7 +41,7 @@ from prefixwatch.core.vocab.rulenames import (
     r_kv_computed_share,
     r_kv_whatif_ratio,
 )
-from prefixwatch.mixin.promql import Exprs
+from prefixwatch.mixin.promql import DASHBOARD_WINDOW, ExporterOnlyRules
 from prefixwatch.mixin.sources import source
 
 # The exporter's KV event series as Prometheus stores them, from the family table's rows.
@@ -50,20 +50,15 @@ KV_COMPUTED = _EXPORTER.raw["kv_computed"]
 KV_LOADED = _EXPORTER.raw["kv_loaded"]
 KV_BLOCKS = _EXPORTER.raw["kv_blocks"]
 KV_WHATIF = _EXPORTER.raw["kv_whatif"]
-#: Windows of the recorded parts: the dashboards read 5m, the alerts ``kv_window``.
-KV_DASHBOARD_WINDOW = "5m"
 
 
-class KVRules(Exprs):
+class KVRules(ExporterOnlyRules):
     """The KV event rules of one source (none but the exporter's) under one config."""
 
     @property
-    def active(self) -> bool:
-        return self.src.name == "exporter"
-
-    @property
     def windows(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((KV_DASHBOARD_WINDOW, self.cfg.kv_window)))
+        """The recorded parts' windows: the dashboards' and the alerts' ``kv_window``."""
+        return self.recorded_windows(self.cfg.kv_window)
 
     def computed_rate(self, w: str, *by: str) -> str:
         return (f"sum by ({self.labels(*by)}) "
@@ -84,7 +79,7 @@ class KVRules(Exprs):
                 rec(r_kv_computed_share(level, w),
                     f"{r_kv_computed(level, w)}\n/ on ({self.labels(*group)}) group_left ()\n"
                     f"(sum by ({self.labels(*group)}) ({r_kv_computed(level, w)}) > 0)")
-        w5 = self.w(KV_DASHBOARD_WINDOW)
+        w5 = self.w(DASHBOARD_WINDOW)
         rec(R_KV_LOADED, f"sum by ({self.labels(L_MODEL, L_MEDIUM)}) "
                          f"(rate({self.sel(KV_LOADED)}[{w5}]))")
         for name, op in zip((R_KV_STORED, R_KV_REMOVED), KV_BLOCK_OPS, strict=True):

@@ -25,7 +25,8 @@ from prefixwatch.core.vocab.rulenames import (
     r_kv_whatif_ratio,
 )
 from prefixwatch.core.vocab.windows import parse_duration
-from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_DASHBOARD_WINDOW, KV_WHATIF
+from prefixwatch.mixin.kvrules import KV_COMPUTED, KV_WHATIF
+from prefixwatch.mixin.promql import DASHBOARD_WINDOW, ExporterOnlyRules
 
 STEP = 15  # as alerttests: seconds between samples
 MODEL = "llama-3-8b"  # as alerttests
@@ -68,7 +69,7 @@ def kv_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any]) -
     tail = 0.02
     evicting = {"eviction": above, "novel": round(0.9 - above - tail, 6), LEDGER_TAIL: tail}
     labels = {**m, "target": "vllm-0:8000", L_PART: "eviction"}
-    shares = r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW)
+    shares = r_kv_computed_share(MODEL_PART, DASHBOARD_WINDOW)
     sample = ",".join(f'{k}="{v}"' for k, v in sorted({**cases.extra, **m}.items()))
     case(cases.traffic([phase(minutes, busy, 0.1)]) +
          kv_series(cases, "vllm-0:8000", evicting, busy, minutes, start), [
@@ -134,5 +135,5 @@ def whatif_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any
                for scale in sorted(CURVE)]
     exprs = [{"expr": f"round({r_kv_whatif_ratio(w)}, 0.000001)",
               "eval_time": f"{minutes - 1}m", "exp_samples": samples}
-             for w in dict.fromkeys((KV_DASHBOARD_WINDOW, cases.cfg.kv_window))]
+             for w in ExporterOnlyRules.recorded_windows(cases.cfg.kv_window)]
     case(series, [], exprs)

@@ -31,10 +31,8 @@ from prefixwatch.core.vocab.rulenames import (
     r_router_believed,
     r_router_delivered,
 )
-from prefixwatch.mixin.kvrules import KV_DASHBOARD_WINDOW
 from prefixwatch.mixin.panelbase import PanelBase
-from prefixwatch.mixin.promql import tier_rates
-from prefixwatch.mixin.routerrules import ROUTER_DASHBOARD_WINDOW
+from prefixwatch.mixin.promql import DASHBOARD_WINDOW, tier_rates
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
@@ -152,11 +150,11 @@ class Panels(PanelBase):
         if self.s.name != "exporter":
             return
         if self.one:
-            expr = self.recorded(r_kv_computed_share(MODEL_TARGET_PART, KV_DASHBOARD_WINDOW),
+            expr = self.recorded(r_kv_computed_share(MODEL_TARGET_PART, DASHBOARD_WINDOW),
                                  'target=~"$instance"')
             legend = "{{part}}"
         else:
-            expr = self.recorded(r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW))
+            expr = self.recorded(r_kv_computed_share(MODEL_PART, DASHBOARD_WINDOW))
             legend = "{{model_name}} {{part}}"
         self.add(g.TimeSeries(
             title="Why these tokens were computed",
@@ -181,7 +179,7 @@ class Panels(PanelBase):
         if self.s.name != "exporter":
             return
         scope = self.matchers(model=False, raw=False)
-        wd = ROUTER_DASHBOARD_WINDOW
+        wd = DASHBOARD_WINDOW
         self.add(g.TimeSeries(
             title="Routers: believed vs delivered",
             description="Per router (an exporter target of kind router): the share of its "
@@ -202,7 +200,7 @@ class Panels(PanelBase):
         scope = self.matchers(model=False)
         sent = (f"sum by (router, worker) (rate("
                 f"{exposition.OUT_ROUTER_WORKER_REQUESTS.name}_total{scope}[$__rate_interval]))")
-        routing = self.recorded(r_kv_computed_share(MODEL_PART, KV_DASHBOARD_WINDOW),
+        routing = self.recorded(r_kv_computed_share(MODEL_PART, DASHBOARD_WINDOW),
                                 'part="routing"')
         self.add(g.TimeSeries(
             title="Routers: requests per worker, and the routing part",

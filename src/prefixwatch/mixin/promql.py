@@ -74,3 +74,22 @@ class Exprs:
 
     def w(self, window: str) -> str:
         return self.cfg.scaled(window)
+
+
+#: The window the dashboards read the exporter-only recorded series over (KV events,
+#: routers); always recorded beside the window their alerts judge.
+DASHBOARD_WINDOW = "5m"
+
+
+class ExporterOnlyRules(Exprs):
+    """Rules of series only the exporter writes (its KV event streams, the routers it
+    polls): none for a source that scrapes an engine directly."""
+
+    @property
+    def active(self) -> bool:
+        return self.src.name == "exporter"
+
+    @staticmethod
+    def recorded_windows(alert_window: str) -> tuple[str, ...]:
+        """The dashboards' window and the alerts' own, once each."""
+        return tuple(dict.fromkeys((DASHBOARD_WINDOW, alert_window)))

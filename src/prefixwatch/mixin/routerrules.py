@@ -30,26 +30,21 @@ from prefixwatch.core.vocab.rulenames import (
     r_router_gap,
     r_router_queries,
 )
-from prefixwatch.mixin.promql import Exprs
+from prefixwatch.mixin.promql import ExporterOnlyRules
 
 PREDICTED = exposed(exposition.OUT_ROUTER_PREDICTED_HITS)
 PREDICTIONS = exposed(exposition.OUT_ROUTER_PREDICTIONS)
 WORKER_TARGET = exposed(exposition.OUT_ROUTER_WORKER_TARGET)
 FEED_PROBLEMS = exposed(exposition.OUT_ROUTER_KV_FEED_PROBLEMS)
-#: The dashboards' window (always recorded beside ``router_window``).
-ROUTER_DASHBOARD_WINDOW = "5m"
 
 
-class RouterRules(Exprs):
+class RouterRules(ExporterOnlyRules):
     """The router rules of one source (none but the exporter's) under one config."""
 
     @property
-    def active(self) -> bool:
-        return self.src.name == "exporter"
-
-    @property
     def windows(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((ROUTER_DASHBOARD_WINDOW, self.cfg.router_window)))
+        """The dashboards' window and the alerts' ``router_window``."""
+        return self.recorded_windows(self.cfg.router_window)
 
     def per_router(self, counter: str, w: str) -> str:
         """An engine counter's rate summed over the engines each router routes to."""

@@ -20,12 +20,12 @@ from prefixwatch.core.vocab.rulenames import (
     r_router_delivered,
 )
 from prefixwatch.core.vocab.windows import parse_duration
+from prefixwatch.mixin.promql import DASHBOARD_WINDOW
 from prefixwatch.mixin.promtoolinput import sample
 from prefixwatch.mixin.routerrules import (
     FEED_PROBLEMS,
     PREDICTED,
     PREDICTIONS,
-    ROUTER_DASHBOARD_WINDOW,
     WORKER_TARGET,
 )
 from prefixwatch.mixin.sources import EXPORTER_JOB
@@ -73,7 +73,7 @@ def router_cases(cases: Any, case: Callable[..., None], phase: Callable[..., Any
                             target=TARGET)
     labels = {L_ROUTER: ROUTER, **cases.extra}
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    w5 = ROUTER_DASHBOARD_WINDOW
+    w5 = DASHBOARD_WINDOW
     # 22. Believed 95% throughout; delivered 90% then 10%: quiet while both agree and for
     #     less than `for` after the gap opens, firing by the end with the gap (85%).
     case(traffic + router, [
