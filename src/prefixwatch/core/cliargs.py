@@ -12,8 +12,10 @@ import argparse
 import math
 import re
 
+from prefixwatch.core.vocab.windows import DURATION_UNITS
+
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(ms|s|m|h|d)?$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_UNIT = {**DURATION_UNITS, None: 1.0}  # a bare number is seconds
 #: No duration the tools take is longer than a year; past it a number is a typo.
 MAX_SECONDS = 366 * 86400.0
 

@@ -37,8 +37,8 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="model_name to report on (default: the busiest in range)")
     p.add_argument("--config", metavar="FILE",
                    help="the mixin's rules config (every key: `prefixwatch example-config "
-                        "mixin`): the report "
-                        "reads the ratio, window and threshold that page under it")
+                        "mixin`): the report reads the ratio, window and threshold that page "
+                        "under it")
     p.add_argument("--threshold", type=float, metavar="RATIO",
                    help="alert threshold (0-1; default: the config's, else the default)")
     p.add_argument("--requests-log", metavar="PATH",

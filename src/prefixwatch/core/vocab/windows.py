@@ -20,8 +20,9 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+#: Seconds in each unit a duration may be written in (Prometheus' units, ``w`` and ``y`` aside).
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str) -> float:
@@ -29,7 +30,7 @@ def parse_duration(text: str) -> float:
     match = _DURATION.match(text.strip())
     if not match:
         raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    seconds = float(match.group(1)) * DURATION_UNITS[match.group(2)]
     if seconds <= 0:
         raise ValueError(f"duration must be positive: {text!r}")
     return seconds
