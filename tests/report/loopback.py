@@ -62,6 +62,8 @@ class LoopbackStack:
         self.prom_port = 0  # Prometheus's own choice, known once it listens (start())
         self.truth = Truth()
         self.firing_seen: dict[str, float] = {}
+        #: When the workload changed (``switch``): the truth's own phase boundaries.
+        self.switched_at: list[float] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -111,7 +113,8 @@ class LoopbackStack:
     def switch(self, scenario: str) -> float:
         """Change the workload now (a bad deploy, or its rollback); returns the time."""
         self.driver.scenario = SCENARIOS[scenario]
-        return time.time()
+        self.switched_at.append(time.time())
+        return self.switched_at[-1]
 
     def _sample_truth(self) -> None:
         while not self._stop.wait(0.25):

@@ -2,8 +2,9 @@
 
 One regression on loopback (static prompt, a timestamp lands at the top, rollback), rules
 compressed 20x in time: the report's first firing is within one evaluation interval of the
-moment Prometheus was seen firing, and its before/during/after hit ratios are within 0.02 of
-the simulator's own counters over the same phases.
+moment Prometheus was seen firing, its before/during/after phases hold one workload each (no
+phase reaches past the switch that ends it), and their hit ratios are within 0.02 of the
+simulator's own counters over the same phases.
 """
 
 from __future__ import annotations
@@ -80,12 +81,30 @@ def test_first_firing_within_one_evaluation(run) -> None:
 
 
 @pytest.mark.integration
+def test_phases_hold_one_workload_each(run) -> None:
+    """A phase never reaches past the switch that ends it, though Prometheus sees each switch
+    a scrape and an evaluation late; and no phase starts before the switch that begins it."""
+    stack, written, _ = run
+    regression, rollback = stack.switched_at
+    phases = {p.phase.name: p.phase for p in written.data.phases}
+    assert phases["before"].end <= regression
+    assert regression <= phases["during"].start and phases["during"].end <= rollback
+    assert rollback <= phases["after"].start
+
+
+@pytest.mark.integration
 def test_hit_ratios_match_the_simulator(run) -> None:
     stack, written, _ = run
+    regression, rollback = stack.switched_at
     phases = {p.phase.name: p for p in written.data.phases}
     assert set(phases) == {"before", "during", "after"}, written.data.crossings
+    # The truth over each phase, within the workload it names (the test above checks that
+    # the phase lies inside it; here a late switch must not fail the ratio twice).
+    workload = {"before": (0.0, regression), "during": (regression, rollback),
+                "after": (rollback, float("inf"))}
     for name, stats in phases.items():
-        truth = stack.truth.ratio(stats.phase.start, stats.phase.end)
+        low, high = workload[name]
+        truth = stack.truth.ratio(max(stats.phase.start, low), min(stats.phase.end, high))
         assert stats.hit_ratio == pytest.approx(truth, abs=0.02), (name, stats, truth)
         assert len(stats.per_replica) == 2
     assert phases["before"].hit_ratio > 0.8 > 0.1 > phases["during"].hit_ratio

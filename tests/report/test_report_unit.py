@@ -40,6 +40,10 @@ def test_crossings_and_phases_leave_out_the_transition_window() -> None:
     assert (cross.first_drop, cross.recovery, cross.low_at_start) == (30, 60, False)
     got = [(p.name, p.start, p.end) for p in phases(0, 99, cross, 5)]
     assert got == [("before", 0, 25), ("during", 30, 55), ("after", 60, 99)]
+    # A sample describes traffic one scrape and one evaluation old: a phase that ends at a
+    # transition ends that much earlier again.
+    got = [(p.name, p.start, p.end) for p in phases(0, 99, cross, 5, delay=2)]
+    assert got == [("before", 0, 23), ("during", 30, 53), ("after", 60, 99)]
 
 
 def test_no_recovery_means_during_to_the_end() -> None:
@@ -135,18 +139,20 @@ def test_the_rules_time_scale_is_read_from_prometheus() -> None:
     from prefixwatch.core.vocab.windows import parse_duration
     from prefixwatch.report.collect import Collector
     from prefixwatch.report.model import Request, recorded
+    from prefixwatch.report.promapi import RecordingRule
 
     class Rules:
         base = "http://p"
 
-        def rule_expressions(self) -> dict[str, str]:
+        def recording_rules(self) -> dict[str, RecordingRule]:
             num = recorded(settings.HIT_RATIO_EFFECTIVE, settings.CRITICAL_SHORT_WINDOW).num
             scaled = window_words(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
-            return {num: "sum by (model_name) (rate(prefixwatch_prompt_tokens_cached_total"
-                         f"[{scaled}]))",
-                    rulenames.R_LEDGER_SHARE: "x"}
+            return {num: RecordingRule("sum by (model_name) (rate("
+                                       f"prefixwatch_prompt_tokens_cached_total[{scaled}]))", 1.5),
+                    rulenames.R_LEDGER_SHARE: RecordingRule("x", 1.5)}
 
     collector = Collector(Rules(), Request(0, 100, 0.7))  # type: ignore[arg-type]
     assert collector.req.time_scale == pytest.approx(0.05)
     assert collector.window == pytest.approx(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
     assert "time scale 0.05" in collector.notes[0]
+    assert collector.delay == 3.0  # one scrape and one evaluation of the rule's group

@@ -39,7 +39,7 @@ from prefixwatch.report.model import (
     Request,
     recorded,
 )
-from prefixwatch.report.promapi import PromClient, ReportError, Series
+from prefixwatch.report.promapi import PromClient, RecordingRule, ReportError, Series
 from prefixwatch.report.timeline import (
     AlertFiring,
     Interval,
@@ -83,24 +83,33 @@ class Collector:
             raise ReportError(f"the threshold must be between 0 and 1, not {req.threshold}")
         self.client = client
         self.notes: list[str] = []
-        req = self.req = self._with_loaded_scale(req)
+        loaded = self._loaded_rule(req)
+        req = self.req = self._with_loaded_scale(req, loaded)
         self.names = recorded(req.hit_ratio, req.ratio_window)
         self.device = recorded(settings.HIT_RATIO_DEVICE, req.ratio_window)
         self.effective = recorded(settings.HIT_RATIO_EFFECTIVE, req.ratio_window)
         self.window = parse_duration(req.ratio_window) * req.time_scale
         self.replica_window = parse_duration(REPLICA_WINDOW) * req.time_scale
+        #: How far the recorded ratio lags the traffic it describes: one scrape and one
+        #: evaluation (the scrape taken as long as the evaluation, as the stack configures).
+        #: The phases leave this out, and one step of the range, which rounds each crossing
+        #: up to a step later.
+        self.delay = 2 * loaded.interval if loaded is not None and loaded.interval else 0.0
         self._set_range(req.start, req.end)
 
-    def _with_loaded_scale(self, req: Request) -> Request:
+    def _loaded_rule(self, req: Request) -> RecordingRule | None:
+        """The rule Prometheus has loaded for the ratio that pages (None when it says none)."""
+        try:
+            rules = self.client.recording_rules()
+        except ReportError:
+            return None
+        return rules.get(recorded(req.hit_ratio, req.ratio_window).num)
+
+    def _with_loaded_scale(self, req: Request, loaded: RecordingRule | None) -> Request:
         """The request on the time scale of the rules Prometheus has loaded (the demo's
         compress every window): the recorded series' own range says it, so a report without
         --config reads the windows that really paged."""
-        try:
-            rules = self.client.rule_expressions()
-        except ReportError:
-            return req
-        expr = rules.get(recorded(req.hit_ratio, req.ratio_window).num, "")
-        ranges = {parse_duration(r) for r in _RANGE.findall(expr)}
+        ranges = {parse_duration(r) for r in _RANGE.findall(loaded.query if loaded else "")}
         if len(ranges) != 1:
             return req
         scale = ranges.pop() / parse_duration(req.ratio_window)
@@ -303,7 +312,7 @@ class Collector:
                     for s in self._range(f"{replica(MODEL_TARGET, REPLICA_WINDOW)}{_sel(model)}")}
         cross = crossings(fleet, req.threshold)
         stats = [self.phase_stats(model, p)
-                 for p in phases(self.start, self.end, cross, self.window)
+                 for p in phases(self.start, self.end, cross, self.window, self.delay + self.step)
                  if p.seconds >= self.window]
         data = ReportData(
             prometheus=self.client.base, model=model, models=known, start=self.start,

@@ -34,6 +34,15 @@ class Series:
     samples: list[tuple[float, float]]
 
 
+@dataclass(frozen=True)
+class RecordingRule:
+    """One loaded recording rule: its PromQL and how often its group evaluates (seconds;
+    None when Prometheus does not say)."""
+
+    query: str
+    interval: float | None
+
+
 class PromClient:
     """Read-only access to one Prometheus server."""
 
@@ -85,14 +94,17 @@ class PromClient:
         """An instant query at ``at``; a range selector gives raw samples (a matrix)."""
         return _series(self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}))
 
-    def rule_expressions(self) -> dict[str, str]:
-        """The recording rules Prometheus has loaded: recorded name -> expression."""
+    def recording_rules(self) -> dict[str, RecordingRule]:
+        """The recording rules Prometheus has loaded: recorded name -> its expression and
+        its group's evaluation interval."""
         data = self._get("/api/v1/rules", {"type": "record"})
         out = {}
         for group in (data or {}).get("groups") or []:
+            interval = group.get("interval")
+            every = float(interval) if isinstance(interval, (int, float)) and interval > 0 else None
             for rule in group.get("rules") or []:
                 if isinstance(rule, dict) and rule.get("name") and rule.get("query"):
-                    out[str(rule["name"])] = str(rule["query"])
+                    out[str(rule["name"])] = RecordingRule(str(rule["query"]), every)
         return out
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:

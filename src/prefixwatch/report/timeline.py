@@ -4,7 +4,11 @@ Phases leave out the one rate window around each transition: a windowed ratio fi
 below the threshold only once bad traffic is inside its window, so everything up to
 ``first_drop - window`` is healthy traffic; likewise it recovers only once good traffic is
 back, so everything after ``recovery`` is healthy and everything up to ``recovery - window``
-is incident traffic. The before/during/after figures are then never a mix of the two.
+is incident traffic. A sample stamped t describes traffic up to one scrape and one evaluation
+before t, and a range query finds a crossing up to one step after the sample that crossed (the
+two are the data's ``delay``), so the phases that end at a transition end that much earlier
+again. The before/during/after figures are then never a mix of the two, and their times are
+the traffic's own.
 """
 
 from __future__ import annotations
@@ -76,14 +80,17 @@ def crossings(samples: Sequence[tuple[float, float]], threshold: float) -> Cross
     return out
 
 
-def phases(start: float, end: float, cross: Crossings, window: float) -> list[Phase]:
-    """Before / during / after, each free of the transition window (see the module doc)."""
+def phases(start: float, end: float, cross: Crossings, window: float,
+           delay: float = 0.0) -> list[Phase]:
+    """Before / during / after, each free of the transition window and the data's delay
+    (see the module doc)."""
     out: list[Phase] = []
     if cross.first_drop is None:
         return [Phase("before", start, end)]
-    if not cross.low_at_start and cross.first_drop - window > start:
-        out.append(Phase("before", start, cross.first_drop - window))
-    during_end = cross.recovery - window if cross.recovery is not None else end
+    margin = window + delay
+    if not cross.low_at_start and cross.first_drop - margin > start:
+        out.append(Phase("before", start, cross.first_drop - margin))
+    during_end = cross.recovery - margin if cross.recovery is not None else end
     if during_end > cross.first_drop:
         out.append(Phase("during", cross.first_drop, during_end))
     if cross.recovery is not None and end > cross.recovery:
