@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixwatch.core.cache.prefixindex import CONTEXT_TOKENS, Node, PrefixIndex
+from prefixwatch.core.cache.prefixindex import BEFORE_TOKENS, CONTEXT_TOKENS, Node, PrefixIndex
 from tests.core.test_blockcache import reference_cached
 
 EXTRAS = [None, ("lora", None), (None, "salt"), ("lora", "salt", ("mm-hash",))]
@@ -138,7 +138,7 @@ def test_known_divergence_context() -> None:
     index.add(list(range(100, 120)) + [7, 8])  # diverges at 20, inside the first edge
     result = index.add(list(range(100, 120)) + [9])
     d = result.divergence
-    assert d is not None and d.position == 20 and d.offset == CONTEXT_TOKENS
-    assert d.mine == tuple(range(108, 120)) + (9,)
-    assert d.theirs == tuple(range(108, 120)) + (7, 8)  # the most recent one that differs
+    assert d is not None and d.position == 20 and d.offset == min(20, BEFORE_TOKENS)
+    assert d.mine == tuple(range(100, 120)) + (9,)
+    assert d.theirs == tuple(range(100, 120)) + (7, 8)  # the most recent one that differs
     assert index.add(list(range(100, 130))).divergence is None  # a prefix of an earlier one

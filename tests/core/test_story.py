@@ -32,6 +32,17 @@ def test_the_culprit_is_the_most_frequent_kind_at_its_most_frequent_token() -> N
     assert found == Culprit("date/time", 22, 35 / 43)
     assert found.words == "a date/time at token 22 of the prompt changes on every request"
     assert culprit_of({("own content", 1800): 9, ("unknown", 4): 2}) is None
+
+
+def test_one_request_that_parts_from_the_old_prompt_is_no_culprit() -> None:
+    """A deploy's first request parts from the old prompt where the new line starts (text at
+    token 5), once; the timestamp after it parts every request from the next."""
+    first = Counter({("text", 5): 1, ("date/time", 10): 1})
+    assert culprit_of(first) is None
+    first[("date/time", 10)] += 1
+    assert culprit_of(first) is None  # a tie of few is no story yet
+    first[("date/time", 10)] += 1
+    assert culprit_of(first) == Culprit("date/time", 10, 3 / 4)
     assert Culprit("id", 7, 0.2).words == "an id at token 7 of the prompt changes on some requests"
     assert Culprit("date/time", 18, 1.0, last=20).words.startswith("a date/time at tokens 18-20")
 

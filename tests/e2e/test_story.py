@@ -126,8 +126,10 @@ def _page(terminal: str) -> Told:
     diagnosis = re.search(r"^\s+diagnosis: (.*)$", after, re.M)
     culprit = re.search(r"^\s+culprit:\s+(.*)$", after, re.M)
     assert diagnosis and culprit, after[:2000]
-    return Told(float(summary["ratio"]), summary["window"], _cause(diagnosis[1]),
-                culprit[1].strip())
+    # A culprit named after the page (its few divergences named a moment after the drop)
+    # says so; the words are the same.
+    named = re.sub(r" \(named \d+s after the page\)$", "", culprit[1].strip())
+    return Told(float(summary["ratio"]), summary["window"], _cause(diagnosis[1]), named)
 
 
 def _landing(url: str) -> Told:
@@ -205,8 +207,9 @@ def test_every_surface_tells_the_same_story(run: Run) -> None:
     ratios = {name: t.ratio for name, t in told.items()}
     assert len(set(ratios.values())) == 1, ratios
     assert run.page.cause == "prefix_divergence", told
-    assert re.fullmatch(r"a date/time at token \d+ of the prompt changes on every request",
-                        run.page.culprit), run.page.culprit
+    # The simulator's timestamp line starts at token 10 ("Current date and time: 2026-..."
+    # after the template's header): the token every surface names, whichever digit parts.
+    assert run.page.culprit == "a date/time at token 10 of the prompt changes on every request"
 
 
 def test_every_printed_url_is_useful(run: Run) -> None:

@@ -27,9 +27,14 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex, RequestResult
+from prefixwatch.core.cache.prefixindex import (
+    CONTEXT_TOKENS,
+    Divergence,
+    PrefixIndex,
+    RequestResult,
+)
 from prefixwatch.core.cache.requestledger import Ledger
-from prefixwatch.core.cache.whatvaries import FIXES, guess_kind
+from prefixwatch.core.cache.whatvaries import FIXES, guess_kind, value_start
 from prefixwatch.core.kv.poolcurve import PoolCurve, curve_of
 from prefixwatch.core.kv.whatif import POOL_SCALES
 from prefixwatch.core.logs.tokenids import packed_ids
@@ -124,13 +129,15 @@ class Report:
         for position, count in self.positions.most_common(limit):
             ex = self.examples[position]
             before = decode(ex.mine[:ex.offset])
+            shown = decode(ex.mine[max(0, ex.offset - CONTEXT_TOKENS):ex.offset])
             mine_after = decode(ex.mine[ex.offset:])
             theirs_after = decode(ex.theirs[ex.offset:])
             length = self.example_tokens.get(position)
             shared = position / length if length else None
             kind = guess_kind(mine_after, theirs_after, before, shared, decoded)
-            context = "[redacted]" if redact else f"{before}⟦{mine_after}⟧ vs ⟦{theirs_after}⟧"
-            out.append({"position": position, "count": count, "kind": kind,
+            context = "[redacted]" if redact else f"{shown}⟦{mine_after}⟧ vs ⟦{theirs_after}⟧"
+            starts = position - value_start(kind, ex.mine[:ex.offset], lambda t: decode([t]))
+            out.append({"position": position, "starts_at": starts, "count": count, "kind": kind,
                         "context": context, "fix": FIXES[kind]})
         return out
 

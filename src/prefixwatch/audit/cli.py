@@ -221,8 +221,9 @@ GROUPED = 64
 
 
 def culprit(report: Report, top: list[dict]) -> Culprit | None:
-    """The kind behind most early divergences, over every position it shows at (the rows of
-    ``top``), with its share of the requests (core/story.py words it)."""
+    """The kind behind most early divergences, from the token where its value starts to the
+    last where requests part over it (the rows of ``top``), with its share of the requests
+    (core/story.py words it)."""
     kinds: dict[str, list[dict]] = {}
     for row in top:
         if row["kind"] not in NOT_CULPRITS:
@@ -230,9 +231,9 @@ def culprit(report: Report, top: list[dict]) -> Culprit | None:
     if not kinds or not report.requests:
         return None
     kind, rows = max(kinds.items(), key=lambda kv: sum(r["count"] for r in kv[1]))
-    positions = [r["position"] for r in rows]
-    return Culprit(kind, min(positions), sum(r["count"] for r in rows) / report.requests,
-                   max(positions))
+    return Culprit(kind, min(r["starts_at"] for r in rows),
+                   sum(r["count"] for r in rows) / report.requests,
+                   max(r["position"] for r in rows))
 
 
 def answer(report: Report, top: list[dict], auditor: Auditor) -> str:

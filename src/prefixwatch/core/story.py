@@ -4,7 +4,7 @@ The page, `status`, the landing page, the report and the demo's terminal each sh
 ratio, the window it is over, the cause and the culprit. They read them from here, so that for
 one incident they say the same thing the same way: a percentage to one decimal, a window by
 its length, a cause only if it held when the ratio dropped, and the culprit as a person says
-it ("a date/time at token 19 of the prompt changes on every request"), never as the ledger's
+it ("a date/time at token 10 of the prompt changes on every request"), never as the ledger's
 jargon.
 """
 
@@ -23,6 +23,10 @@ NOT_CULPRITS = ("own content", "unknown", "token ids")
 #: A kind behind at least this share of the early divergences "changes on every request"
 #: (the rest are requests whose neighbour happened to share more, or noise).
 EVERY_REQUEST = 0.5
+#: A kind named fewer times than this in the window is no culprit yet: the first request of a
+#: new prompt parts from the old one once (a deploy's first request, 'text' where the new line
+#: starts), which is not what changes on every request after it.
+MIN_DIVERGENCES = 3
 #: The label of the culprit series whose value is the sentence itself.
 CULPRIT_WORDS_LABEL = "culprit"
 
@@ -80,7 +84,7 @@ def culprit_of(divergences: Mapping[tuple[str, int], int] | Iterable[tuple[str, 
                ) -> Culprit | None:
     """The culprit of a window's early divergences, given as (kind, position) with their
     counts: the most frequent kind that names one, at its most frequent position (the
-    earliest on a tie). None when no divergence names a culprit."""
+    earliest on a tie). None when no kind is named at least MIN_DIVERGENCES times."""
     counts: Counter[tuple[str, int]] = Counter()
     if isinstance(divergences, Mapping):
         counts.update(divergences)
@@ -90,7 +94,7 @@ def culprit_of(divergences: Mapping[tuple[str, int], int] | Iterable[tuple[str, 
     for (kind, _position), n in counts.items():
         if kind not in NOT_CULPRITS and n > 0:
             kinds[kind] += n
-    if not kinds:
+    if not kinds or max(kinds.values()) < MIN_DIVERGENCES:
         return None
     top = max(kinds, key=lambda k: (kinds[k], -min(p for (kk, p) in counts if kk == k)))
     positions = {p: n for (k, p), n in counts.items() if k == top}

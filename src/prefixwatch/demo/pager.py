@@ -65,11 +65,36 @@ def format_notification(alert: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _named(said: dict[str, str], clause: str) -> bool:
+    if clause == "diagnosis":
+        return not said["diagnosis"].startswith(NOT_YET) and said["diagnosis"] != "-"
+    return clause in said
+
+
+def _unnamed(said: dict[str, str]) -> set[str]:
+    """The clauses a page was sent without: the diagnosis ("none so far") and the culprit."""
+    return {c for c in ("diagnosis", "culprit") if not _named(said, c)}
+
+
+def _named_since(said: dict[str, str], missing: set[str], after: float) -> list[str]:
+    """The lines for the clauses of ``missing`` that ``said`` now names (removed from it)."""
+    lines = []
+    when = f" (named {after:.0f}s after the page)"
+    if "diagnosis" in missing and _named(said, "diagnosis"):
+        missing.discard("diagnosis")
+        lines.append(f"    diagnosis: {said['diagnosis']}{when}")
+        when = ""
+    if "culprit" in missing and _named(said, "culprit"):
+        missing.discard("culprit")
+        lines.append(f"    culprit:   {said['culprit']}{when}")
+    return lines
+
+
 class NotificationPrinter:
     """Alertmanager's webhook receiver inside the demo: prints each page and resolution once
     (Alertmanager repeats them) and lists the recent ones on GET /. A page sent before the
-    exporter's diagnosis named a cause (it says "none so far") is followed on Alertmanager's
-    API, which Prometheus keeps up to date, and the cause printed once it is named."""
+    exporter's diagnosis named a cause (it says "none so far") or its culprit is followed on
+    Alertmanager's API, which Prometheus keeps up to date, and each printed once named."""
 
     MAX_BODY = 1 << 20
     KEEP = 50
@@ -142,11 +167,11 @@ class NotificationPrinter:
                 if page:
                     self.pages += 1
                 self._print(lines)
-            description = (alert.get("annotations") or {}).get("description", "")
-            if page and self.alertmanager_url and clauses(description)["diagnosis"].startswith(
-                    NOT_YET):
+            missing = _unnamed(clauses((alert.get("annotations") or {}).get("description", "")))
+            if page and self.alertmanager_url and missing:
                 threading.Thread(target=self._follow, name="diagnosis-follower", daemon=True,
-                                 args=(str(alert.get("fingerprint")), time.monotonic())).start()
+                                 args=(str(alert.get("fingerprint")), time.monotonic(),
+                                       missing)).start()
 
     def _print(self, lines: list[str]) -> None:
         self.recent.extend(lines)
@@ -154,10 +179,11 @@ class NotificationPrinter:
         with contextlib.suppress(BrokenPipeError, ValueError):
             print("\n".join(lines), file=self.out, flush=True)
 
-    def _follow(self, fingerprint: str, paged: float) -> None:
-        """Print the page's diagnosis once Alertmanager's copy of the alert names a cause."""
+    def _follow(self, fingerprint: str, paged: float, missing: set[str]) -> None:
+        """Print the page's diagnosis and culprit (the ones in ``missing``) once Alertmanager's
+        copy of the alert names them."""
         url = f"{self.alertmanager_url.rstrip('/')}/api/v2/alerts"  # type: ignore[union-attr]
-        while not self._stopped.wait(self.FOLLOW_EVERY):
+        while missing and not self._stopped.wait(self.FOLLOW_EVERY):
             if time.monotonic() - paged > self.FOLLOW_SECONDS:
                 return
             try:
@@ -166,17 +192,12 @@ class NotificationPrinter:
             except (OSError, ValueError):
                 continue
             for alert in alerts if isinstance(alerts, list) else []:
-                if not isinstance(alert, dict) or alert.get("fingerprint") != fingerprint:
-                    continue
-                said = clauses((alert.get("annotations") or {}).get("description", ""))
-                if not said["diagnosis"].startswith(NOT_YET) and said["diagnosis"] != "-":
-                    lines = [f"    diagnosis: {said['diagnosis']} (named "
-                             f"{time.monotonic() - paged:.0f}s after the page)"]
-                    if "culprit" in said:
-                        lines.append(f"    culprit:   {said['culprit']}")
-                    with self._lock:
-                        self._print(lines)
-                    return
+                if isinstance(alert, dict) and alert.get("fingerprint") == fingerprint:
+                    said = clauses((alert.get("annotations") or {}).get("description", ""))
+                    lines = _named_since(said, missing, time.monotonic() - paged)
+                    if lines:
+                        with self._lock:
+                            self._print(lines)
 
     def stop(self) -> None:
         self._stopped.set()

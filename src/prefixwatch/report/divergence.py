@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex
+from prefixwatch.core.cache.prefixindex import CONTEXT_TOKENS, Divergence, PrefixIndex
 from prefixwatch.core.cache.whatvaries import FIXES, OWN_CONTENT, OWN_CONTENT_SHARE, guess_kind
 from prefixwatch.core.logs.formats import LogRequest, read_jsonl
 from prefixwatch.core.logs.tokenizers import AuditError, NoTokenizer, Tokenizer, open_tokenizer
@@ -80,10 +80,11 @@ def first_divergence(path: str, block_size: int = 16, tokenizer: str | None = No
     for position, count in positions.most_common(8):
         div, length = examples[position]
         before = tok.decode(div.mine[:div.offset])
+        shown = tok.decode(div.mine[max(0, div.offset - CONTEXT_TOKENS):div.offset])
         mine, theirs = tok.decode(div.mine[div.offset:]), tok.decode(div.theirs[div.offset:])
         kind = guess_kind(mine, theirs, before, position / length if length else None, decoded)
         if kind == OWN_CONTENT:
             continue
         return Finding(seen, achievable, position, count, kind,
-                       f"{before}⟦{mine}⟧ vs ⟦{theirs}⟧", FIXES[kind])
+                       f"{shown}⟦{mine}⟧ vs ⟦{theirs}⟧", FIXES[kind])
     return None

@@ -36,7 +36,11 @@ from dataclasses import dataclass
 
 from prefixwatch.core.cache.cacherule import cached_tokens_for
 
+#: Tokens of context kept after a divergence (each side), and shown before it.
 CONTEXT_TOKENS = 12
+#: Tokens kept before a divergence: enough to read back to where the value that varies
+#: there starts (a timestamp with its fraction is about 14 tokens).
+BEFORE_TOKENS = 24
 _PROBE = 16  # tokens compared first, before a whole long edge
 
 
@@ -81,6 +85,8 @@ class Entry:
     long: bool
     reach: int  # the longest common prefix with the window's earlier requests, in tokens
     kind: str | None = None
+    #: The token where the value that varies at ``reach`` starts (core/cache/whatvaries.py).
+    culprit_at: int | None = None
 
 
 _Stop = tuple[Node, Node | None, int]  # last whole node matched, the edge left inside, at
@@ -301,7 +307,7 @@ def _divergence(q: Sequence[int], node: Node, child: Node | None, j: int) -> Div
         if not node.children:
             return None  # earlier requests ended here: this one extends them, nothing differs
         child = next(reversed(node.children.values()))
-    lo = max(0, position - CONTEXT_TOKENS)
+    lo = max(0, position - BEFORE_TOKENS)
     mine = tuple(q[lo:position + CONTEXT_TOKENS])
     theirs = mine[:position - lo] + _continuation(child, j)
     return Divergence(position, mine, theirs, position - lo)

@@ -10,6 +10,7 @@ looks like ("Question 17" is a number, but not one to move).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 from prefixwatch.core.vocab.exposition import DEFAULT_HIT_RATIO_THRESHOLD
 
@@ -77,3 +78,38 @@ def guess_kind(mine: str, theirs: str, before: str = "", shared: float | None = 
             theirs):
         return "name"
     return "text"
+
+
+#: The text of a token that can be part of a value of each kind, read back from where two
+#: prompts part (a token's text with its spaces stripped; a token of spaces only is a gap
+#: inside the value). A kind not named here starts where the prompts part.
+_VALUE_PIECE = {
+    "date/time": re.compile(r"[\d\-:/.,T+Z]+|(Mon|Tue|Wed|Thu|Fri|Sat|Sun|Jan|Feb|Mar|Apr|May|"
+                            r"Jun|Jul|Aug|Sep|Oct|Nov|Dec)[A-Za-z]*\.?,?"),
+    "id": re.compile(r"[0-9a-fA-F\-]+"),
+    "number": re.compile(r"[\d.,]+"),
+}
+
+
+def value_start(kind: str, before: Sequence[int], piece: Callable[[int], str]) -> int:
+    """How many of the tokens right before a divergence belong to the value that varies
+    there, so that the culprit is named where the value starts, not where two requests
+    happened to part: one timestamp parts in its seconds from a request a second older and in
+    its minutes from one a minute older, but it starts at one token. ``before``: the token
+    ids before the divergence, in prompt order (as many as known); ``piece``: one token's
+    text, asked only for the tokens read back. The value ends at a line break or a token
+    that cannot belong to it, and starts at a digit or a letter, never at a separator (the
+    ':' of 'time: 2026-...')."""
+    pattern = _VALUE_PIECE.get(kind)
+    if pattern is None:
+        return 0
+    texts: list[str] = []
+    for token in reversed(before):
+        text = piece(token)
+        bare = text.strip(" \t")
+        if "\n" in text or "\r" in text or (bare and not pattern.fullmatch(bare)):
+            break
+        texts.append(text)
+    while texts and not any(ch.isalnum() for ch in texts[-1]):
+        texts.pop()
+    return len(texts)

@@ -155,8 +155,19 @@ class ComputedParts:
         while root.parent is not None:  # a block per 16 tokens, once per divergence
             root = root.parent
         self.pending.append(Divergence(
-            position, list(toks[max(0, lo - DIVERGENCE_CONTEXT):lo]),
-            list(toks[lo:lo + DIVERGENCE_CONTEXT]),
+            position, _tokens_before(new, j), list(toks[lo:lo + DIVERGENCE_CONTEXT]),
             layoutsearch.path_tokens(sibling, j, DIVERGENCE_CONTEXT),
             parent.end + len(toks) - at * bs, root.cid))
         return sibling, j, parent.end + j
+
+
+def _tokens_before(new: Block, j: int) -> list[int]:
+    """The DIVERGENCE_CONTEXT tokens before the ``j``-th of ``new``: its own first ``j`` and
+    its ancestors' (a value that varies, such as a timestamp, often starts a block or two
+    before the token where two prompts part, in blocks an event does not carry again)."""
+    tail = list(new.edge[:j])
+    node = new.parent
+    while len(tail) < DIVERGENCE_CONTEXT and node is not None and node.raw:
+        tail[:0] = node.edge
+        node = node.parent
+    return tail[-DIVERGENCE_CONTEXT:]

@@ -5,17 +5,23 @@ Each source's mirror keeps the tokens on both sides of its recent divergences (a
 queue); once a second they are decoded and named (``core.whatvaries.guess_kind``) and counted
 in ``prefixwatch_kv_divergences_total{kind}``. Without a tokenizer (the target answers no
 /detokenize) the kind is ``unknown``; the tokenizer is asked for again every 30 s.
+
+A named divergence is kept for the culprit at the token where its value starts
+(``core.whatvaries.value_start``, from each token's text before it, decoded one token at a
+time through a bounded cache), so a timestamp is one culprit whichever digit two requests
+parted at.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from prefixwatch.core.cache.whatvaries import guess_kind
+from prefixwatch.core.cache.whatvaries import guess_kind, value_start
 from prefixwatch.core.kv.counts import Divergence
 from prefixwatch.core.logs.tokenizers import AuditError, ServerTokenizer
 from prefixwatch.exporter.kvsubscriber.source import KvSource
@@ -23,6 +29,8 @@ from prefixwatch.exporter.kvsubscriber.source import KvSource
 log = logging.getLogger("prefixwatch.exporter.kvsubscriber")
 
 RETRY_SECONDS = 30.0
+#: Token texts kept per target (the tokens before divergences repeat: a timestamp's digits).
+PIECE_CACHE = 4096
 TOKENIZER_TIMEOUT = 3.0
 UNKNOWN = "unknown"
 
@@ -55,6 +63,23 @@ def classify(div: Divergence, decode: Decoder | None) -> str:
     return guess_kind(mine, theirs, before, shared)
 
 
+def culprit_position(div: Divergence, kind: str, piece: Callable[[int], str] | None) -> int:
+    """The token where the value that varies at ``div`` starts (``div.position`` when the
+    kind names no value, or without a decoder or when it fails)."""
+    if piece is None:
+        return div.position
+    try:
+        back = value_start(kind, div.before, piece)
+    except Exception:  # a tokenizer failing is not the stream's fault
+        return div.position
+    return div.position - back
+
+
+def one_token_reader(decode: Decoder) -> Callable[[int], str]:
+    """The text of one token at a time, through a bounded cache."""
+    return functools.lru_cache(maxsize=PIECE_CACHE)(lambda token: decode([token]))
+
+
 class KindNamer:
     """Names the divergences of every source, once a second, until stopped."""
 
@@ -65,6 +90,7 @@ class KindNamer:
         self.stop = stop
         self.interval = interval
         self._decoders: dict[str, tuple[float, Decoder | None]] = {}
+        self._pieces: dict[str, Callable[[int], str]] = {}
         self.thread = threading.Thread(target=self.run, name="kv-kinds", daemon=True)
 
     def start(self) -> None:
@@ -84,6 +110,8 @@ class KindNamer:
             except AuditError as exc:
                 log.debug("kv events of %s: no tokenizer (%s)", target, exc)
             self._decoders[target] = (time.monotonic(), decode)
+            if decode is not None:
+                self._pieces[target] = one_token_reader(decode)
         return decode
 
     def name_once(self) -> None:
@@ -95,15 +123,16 @@ class KindNamer:
             if not pending:
                 continue
             decode = self.decoder(target)
+            piece = self._pieces.get(target) if decode is not None else None
             for div in pending:
                 if self.stop.is_set():
                     return
                 kind = classify(div, decode)
+                position = culprit_position(div, kind, piece)
                 with source.lock:
                     source.kinds[kind] = source.kinds.get(kind, 0) + 1
                     if div.root not in mirror.fleet.placeholder_roots:  # a position known
-                        source.named.append((time.time(), mirror.fleet.model, kind,
-                                             div.position))
+                        source.named.append((time.time(), mirror.fleet.model, kind, position))
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):

@@ -7,11 +7,13 @@ the log runs (at most ``max_requests`` requests and ``max_blocks`` distinct full
 Each request is packed once into an ``array('I')`` (4 bytes a token), as its new edges are.
 
 ``RequestView`` adds what the exporter exports: the achievable hit ratio of the recent
-requests, where they diverge (a histogram), and what varies there (the audit's kinds).
+requests, where they diverge (a histogram), and what varies there (the audit's kinds), with
+the token where that value starts for the culprit (``core.whatvaries.value_start``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -23,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex
 from prefixwatch.core.cache.requestledger import Ledger, Parts
-from prefixwatch.core.cache.whatvaries import OWN_CONTENT_SHARE, guess_kind
+from prefixwatch.core.cache.whatvaries import OWN_CONTENT_SHARE, guess_kind, value_start
 from prefixwatch.core.diagnosis import RequestEvidence
 from prefixwatch.core.vocab import exposition
 
@@ -41,6 +43,8 @@ class RequestView:
     """Requests log -> achievable ratio, divergence histogram and kinds, thread-safe."""
 
     KIND_CACHE = 1024
+    #: Token texts kept (the tokens before divergences repeat: a timestamp's digits).
+    PIECE_CACHE = 4096
 
     def __init__(self, block_size: int = 16,
                  max_requests: int = exposition.REQUESTS_WINDOW_REQUESTS,
@@ -51,15 +55,29 @@ class RequestView:
         self.max_blocks = max_blocks
         self.clock = clock
         self.lock = threading.Lock()
-        self.decoder: Decoder | None = None
+        self._decoder: Decoder | None = None
+        self._piece: Callable[[int], str] | None = None
         self.index = new_window(block_size, max_requests, max_blocks)
         self.bounds = tuple(float(b) for b in exposition.DIVERGENCE_BUCKETS) + (math.inf,)
         self.bucket_counts = [0] * len(self.bounds)  # per bucket, not cumulative
         self.divergence_sum = 0.0
         self.lines = dict.fromkeys(exposition.REQUESTS_LOG_RESULTS, 0)
-        self._kinds: OrderedDict[tuple[int, int], str] = OrderedDict()
+        #: (position, prefix hash) -> the kind that varies there and how many tokens before
+        #: the position its value starts.
+        self._kinds: OrderedDict[tuple[int, int], tuple[str, int]] = OrderedDict()
         #: The hit-rate ledger, fed from the same window (core/cache/requestledger.py).
         self.ledger = Ledger(block_size, pool_blocks)
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """Token ids -> text, for the kinds (None: no tokenizer)."""
+        return self._decoder
+
+    @decoder.setter
+    def decoder(self, decode: Decoder | None) -> None:
+        self._decoder = decode
+        self._piece = (None if decode is None else
+                       functools.lru_cache(maxsize=self.PIECE_CACHE)(lambda t: decode([t])))
 
     @property
     def block_size(self) -> int:
@@ -104,28 +122,35 @@ class RequestView:
             self.bucket_counts[slot] += 1
             self.divergence_sum += divergence.position
             key = (divergence.position, hash(divergence.mine[:divergence.offset]))
-            kind = self._kinds.get(key)
-            decoder = self.decoder
-        if kind is None:
-            kind = self._classify(divergence, decoder)  # may call a server: outside the lock
+            named = self._kinds.get(key)
+            decoder, piece = self._decoder, self._piece
+        if named is None:  # may call a server: outside the lock
+            named = self._classify(divergence, decoder, piece)
         with self.lock:
-            self._kinds[key] = kind
+            self._kinds[key] = named
             self._kinds.move_to_end(key)
             while len(self._kinds) > self.KIND_CACHE:
                 self._kinds.popitem(last=False)
-            entry.kind = kind
+            entry.kind = named[0]
+            entry.culprit_at = divergence.position - named[1]
 
     @staticmethod
-    def _classify(div: Divergence, decoder: Decoder | None) -> str:
-        if decoder is None:
-            return "unknown"
+    def _classify(div: Divergence, decoder: Decoder | None,
+                  piece: Callable[[int], str] | None) -> tuple[str, int]:
+        """The kind that varies at ``div`` and how many tokens before it its value starts."""
+        if decoder is None or piece is None:
+            return "unknown", 0
         try:
             before = decoder(div.mine[:div.offset])
             mine = decoder(div.mine[div.offset:])
             theirs = decoder(div.theirs[div.offset:])
         except Exception:  # a decoder failing is not the request's fault
-            return "unknown"
-        return guess_kind(mine, theirs, before)
+            return "unknown", 0
+        kind = guess_kind(mine, theirs, before)
+        try:
+            return kind, value_start(kind, div.mine[:div.offset], piece)
+        except Exception:
+            return kind, 0
 
     def evidence(self, window: float) -> tuple[RequestEvidence, Counter[str]]:
         """The requests of the last ``window`` seconds (with their ledger), and their
@@ -154,7 +179,8 @@ class RequestView:
 
     def divergences(self, window: float) -> Counter[tuple[str, int]]:
         """The early divergences of the last ``window`` seconds by (kind, token position):
-        each request's, before the share of its prompt where its own content starts."""
+        each request's, before the share of its prompt where its own content starts, at the
+        token where the value that varies there starts."""
         since = self.clock() - window
         counts: Counter[tuple[str, int]] = Counter()
         with self.lock:
@@ -163,7 +189,8 @@ class RequestView:
                     break
                 if (entry.kind is not None and entry.prompt_tokens
                         and entry.reach < OWN_CONTENT_SHARE * entry.prompt_tokens):
-                    counts[(entry.kind, entry.reach)] += 1
+                    at = entry.reach if entry.culprit_at is None else entry.culprit_at
+                    counts[(entry.kind, at)] += 1
         return counts
 
     def ledger_window(self, window: float) -> tuple[Parts, tuple[str, ...]]:

@@ -1,0 +1,85 @@
+"""The culprit is named where the value that varies starts, whichever token two requests part
+at: a timestamp parts in its seconds from a request a second older and in its minutes from one
+a minute older, and both name the token where the timestamp starts. Through the real pieces:
+the KV mirror (the blocks an event carries and the ones before them), the exporter's kind
+namer, and the simulator's tokenizer."""
+
+from __future__ import annotations
+
+from prefixwatch.core.cache.whatvaries import value_start
+from prefixwatch.core.kv.codec import Batch, BlockStored
+from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
+from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
+from prefixwatch.exporter.kvsubscriber.kinds import classify, culprit_position, one_token_reader
+
+BS = 16
+TOKENIZER = Tokenizer()
+
+
+def prompt(stamp: str) -> list[int]:
+    text = apply_chat_template([
+        {"role": "system", "content": f"Current date and time: {stamp}\nYou are a careful "
+                                      "assistant. Answer briefly and cite the manual."},
+        {"role": "user", "content": "How do I rotate the logs?"}])
+    ids = TOKENIZER.encode_prompt(text)
+    return ids[:len(ids) // BS * BS]
+
+
+def stored(ids: list[int], shared_blocks: int, salt: int) -> BlockStored:
+    """What vLLM publishes for a prompt whose first ``shared_blocks`` blocks were cached (the
+    first prompt's, hashed 1000, 1001, ...): the blocks after them, under the last of them
+    (hashes made up, ``salt`` thousands, one prompt's own)."""
+    hashes = [salt * 1000 + i for i in range(shared_blocks, len(ids) // BS)]
+    parent = 1000 + shared_blocks - 1 if shared_blocks else None
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent,
+                       token_ids=ids[shared_blocks * BS:], block_size=BS, lora_id=None,
+                       medium="GPU", lora_name=None, extra_keys=None)
+
+
+def test_a_timestamp_is_named_where_it_starts_whichever_digit_parts() -> None:
+    first = prompt("2026-12-03 09:21:17.123456")
+    seconds_later = prompt("2026-12-03 09:21:18.654321")
+    start = next(i for i, t in enumerate(first) if TOKENIZER.piece(t) == " 202")
+    parts = next(i for i, (a, b) in enumerate(zip(first, seconds_later, strict=False)) if a != b)
+    assert parts >= BS > start  # the value starts a block before the token where they part
+    mirror = TargetMirror(FleetContent("m"))
+    mirror.apply(Batch(0.0, [stored(first, 0, 1)]))
+    mirror.apply(Batch(1.0, [stored(seconds_later, parts // BS, 2)]))
+    minutes_later = prompt("2026-12-03 09:22:05.000001")
+    mirror.apply(Batch(2.0, [stored(minutes_later, 1, 3)]))
+    divergences = mirror.take_divergences()
+    assert [d.position for d in divergences] == [parts, parts - 2]
+
+    decode = TOKENIZER.decode
+    piece = one_token_reader(lambda ids: decode(ids))
+    named = [(classify(d, decode), culprit_position(d, classify(d, decode), piece))
+             for d in divergences]
+    assert named == [("date/time", start), ("date/time", start)]
+
+
+def test_without_a_tokenizer_or_a_value_the_position_is_where_the_prompts_part() -> None:
+    first = prompt("2026-12-03 09:21:17.123456")
+    mirror = TargetMirror(FleetContent("m"))
+    mirror.apply(Batch(0.0, [stored(first, 0, 1)]))
+    mirror.apply(Batch(1.0, [stored(prompt("2026-12-03 09:21:18.1"), 1, 2)]))
+    (div,) = mirror.take_divergences()
+    assert culprit_position(div, "date/time", None) == div.position
+    assert culprit_position(div, "text", one_token_reader(TOKENIZER.decode)) == div.position
+
+    def broken(_ids: list[int]) -> str:
+        raise OSError("tokenizer gone")
+    assert culprit_position(div, "date/time", one_token_reader(broken)) == div.position
+
+
+def test_value_start_reads_back_over_the_value_only() -> None:
+    def back(kind: str, pieces: list[str]) -> int:
+        return value_start(kind, range(len(pieces)), pieces.__getitem__)
+
+    pieces = ["\n\n", "Current", " date", " and", " time", ":", " 202", "6", "-", "12", "-",
+              "03", " 09", ":", "21", ":"]
+    assert back("date/time", pieces) == 10  # from ' 202'; the ':' before is not it
+    assert back("date/time", ["Now", ":", " ", "Dec", " 3", ",", " "]) == 4
+    assert back("id", ["(", "user", " id", " 3", "f", "2", "a"]) == 4
+    assert back("number", ["Order", " 12", ",", "345"]) == 3
+    assert back("text", ["a", "b"]) == 0
+    assert back("date/time", ["line\n", "12"]) == 1  # never across a line break
