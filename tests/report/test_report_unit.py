@@ -156,3 +156,42 @@ def test_the_rules_time_scale_is_read_from_prometheus() -> None:
     assert collector.window == pytest.approx(0.05 * parse_duration(settings.CRITICAL_SHORT_WINDOW))
     assert "time scale 0.05" in collector.notes[0]
     assert collector.delay == 3.0  # one scrape and one evaluation of the rule's group
+
+
+def test_one_deadline_for_all_the_reports_queries() -> None:
+    """A Prometheus that answers every query, slowly, fails the report once within its
+    --timeout, not once a query (each request gets what is left of the one deadline)."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prefixwatch.report.promapi import PromClient, ReportError
+
+    class Slow(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            time.sleep(0.3)
+            body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = PromClient(f"http://127.0.0.1:{server.server_address[1]}", timeout=1.0)
+        began = time.monotonic()
+        answered = 0
+        with pytest.raises(ReportError, match=r"did not answer the report's queries within 1s"):
+            for _ in range(20):
+                client.query("up", 0)
+                answered += 1
+        assert 1 <= answered <= 3 and time.monotonic() - began < 1.5
+        client.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -377,7 +377,8 @@ def _write_report(prometheus: str, began: float, time_scale: float) -> None:
     from prefixwatch.report import Request, write_report
 
     out = Path.cwd() / time.strftime("prefixwatch-report-%Y%m%d-%H%M%S")
-    log.info("writing the incident report of this run (Ctrl-C again skips it)")
+    # On the terminal whatever the log level: the person who pressed Ctrl-C waits for it.
+    print("writing the incident report of this run (Ctrl-C again skips it) ...", flush=True)
     try:
         with skippable():
             written = write_report(prometheus, out, Request(

@@ -30,9 +30,10 @@ class Written:
 
 def write_report(prometheus: str, out_dir: str | Path, request: Request,
                  requests_log: str | None = None, block_size: int = 16,
-                 tokenizer: str | None = None, timeout: float = 15.0) -> Written:
+                 tokenizer: str | None = None, timeout: float = 60.0) -> Written:
     """Query Prometheus over the request's range and write report.html, report.md and the
-    figures (PNG and SVG) into ``out_dir``. Raises ReportError on anything the user can fix."""
+    figures (PNG and SVG) into ``out_dir``. Raises ReportError on anything the user can fix
+    (``timeout``: seconds for all the queries to Prometheus together)."""
     # matplotlib and jinja2 load here, not with the package, so `report --help` stays light.
     from prefixwatch.report import poolfigure
     from prefixwatch.report.figures import figure1, figure2, figure3

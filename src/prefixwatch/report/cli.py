@@ -53,8 +53,9 @@ def add_report_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="prefill throughput of one GPU: recomputed tokens as GPU-seconds")
     p.add_argument("--price-per-million-tokens", type=float, metavar="PRICE",
                    help="cost of a million prefill tokens: recomputed tokens as money")
-    p.add_argument("--timeout", type=cliargs.duration, default=15.0, metavar="DURATION",
-                   help="deadline of each Prometheus request (default 15s)")
+    p.add_argument("--timeout", type=cliargs.duration, default=60.0, metavar="DURATION",
+                   help="deadline of all the report's queries to Prometheus together "
+                        "(default 60s)")
     p.add_argument("--out", default="prefixwatch-report", metavar="DIR",
                    help="output directory (default ./prefixwatch-report)")
     return p

@@ -44,38 +44,46 @@ class RecordingRule:
 
 
 class PromClient:
-    """Read-only access to one Prometheus server."""
+    """Read-only access to one Prometheus server, under one deadline for the whole exchange:
+    ``timeout`` seconds from the client's creation for every query together, each request
+    given what is left (a slow Prometheus fails the report once, not once a query)."""
 
-    def __init__(self, base_url: str, timeout: float = 15.0,
+    def __init__(self, base_url: str, timeout: float = 60.0,
                  session: requests.Session | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ReportError(f"--prometheus must be an http(s) URL, not {base_url!r}")
         self.base = base_url.rstrip("/")
         self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.session = session or requests.Session()
 
     def close(self) -> None:
         self.session.close()
 
+    def _late(self) -> ReportError:
+        return ReportError(f"Prometheus at {self.base} did not answer the report's queries "
+                           f"within {self.timeout:g}s (--timeout)")
+
     def _get(self, path: str, params: dict[str, Any]) -> Any:
         url = f"{self.base}{path}"
-        deadline = time.monotonic() + self.timeout
-        params = {**params, "timeout": f"{max(1, int(self.timeout))}s"}
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self._late()
+        params = {**params, "timeout": f"{max(1, int(left))}s"}
         try:
             resp = self.session.get(url, params=params, stream=True,
-                                    timeout=(min(5.0, self.timeout), self.timeout))
+                                    timeout=(min(5.0, left), left))
             body = bytearray()
             for chunk in resp.iter_content(64 * 1024):
                 body += chunk
                 if len(body) > MAX_BODY_BYTES:
                     raise ReportError(f"{url}: answer larger than {MAX_BODY_BYTES} bytes; "
                                       "narrow the range")
-                if time.monotonic() > deadline:
-                    raise ReportError(f"{url}: no complete answer within {self.timeout:g}s")
+                if time.monotonic() > self.deadline:
+                    raise self._late()
             resp.close()
         except requests.Timeout:
-            raise ReportError(f"Prometheus at {self.base} did not answer within "
-                              f"{self.timeout:g}s") from None
+            raise self._late() from None
         except requests.RequestException as exc:
             raise ReportError(f"cannot reach Prometheus: {neterrors.describe(exc, self.base)}"
                               ) from None
