@@ -2,8 +2,9 @@
 
 Starts two simulated vLLM replicas, the exporter and Debian's Prometheus on loopback with the
 generated rules compressed 20x in time, runs the simulated regression (a timestamp lands at
-the top of the system prompt, then is rolled back), calls the report, and screenshots the
-landing page with headless chromium. Takes about two minutes.
+the top of the system prompt, then is rolled back), screenshots the landing page with headless
+chromium while the page is firing (what on-call opens: the ratio, the cause and the culprit),
+and calls the report after the rollback. Takes about two minutes.
 
 Run: python docs/make_figures.py   (needs `apt-get install prometheus chromium`)
 """
@@ -51,14 +52,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pw-figures-") as tmp:
         # Prefill slow enough that the regression's recomputed prompts queue up (TTFT rises).
         engine = EngineConfig(prefill_tokens_per_s=30_000, time_per_output_token=0.002)
-        stack = LoopbackStack(Path(tmp), prometheus, rate=20, engine=engine)
+        stack = LoopbackStack(Path(tmp), prometheus, rate=20, engine=engine, kv_events=True)
         started = time.time()
         stack.start()
         try:
             time.sleep(40)
             stack.switch("timestamp-at-top")
             stack.wait_for(lambda: rulenames.ALERT_LOW in stack.firing_seen, 90, "the page")
-            time.sleep(12)
+            time.sleep(6)
+            screenshot(chromium, stack.exporter_url, OUT / "landing-page.png")
+            time.sleep(6)
             stack.switch("static-system-prompt")
             stack.wait_for(lambda: (stack.fleet_ratio_now() or 0) > 0.8, 60, "the recovery")
             time.sleep(20)
@@ -67,7 +70,6 @@ def main() -> int:
                                            time_scale=stack.time_scale))
             shutil.copy(written.directory / "figure1-hit-ratio-ttft.png",
                         OUT / "report-figure1.png")
-            screenshot(chromium, stack.exporter_url, OUT / "landing-page.png")
         finally:
             stack.stop()
     print(f"wrote {OUT / 'report-figure1.png'} and {OUT / 'landing-page.png'}")

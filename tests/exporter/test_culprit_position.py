@@ -83,3 +83,44 @@ def test_value_start_reads_back_over_the_value_only() -> None:
     assert back("number", ["Order", " 12", ",", "345"]) == 3
     assert back("text", ["a", "b"]) == 0
     assert back("date/time", ["line\n", "12"]) == 1  # never across a line break
+
+
+def test_where_own_content_starts_is_named_without_a_tokenizer() -> None:
+    from prefixwatch.core.kv.counts import Divergence
+
+    late = Divergence(900, [1, 2], [3], [4], chain_tokens=1000)
+    assert classify(late, None) == "own content"  # 90% of the prompt shared: no call made
+    assert classify(Divergence(10, [1], [3], [4], chain_tokens=1000), None) == "unknown"
+
+
+def test_a_slow_tokenizer_names_the_newest_divergences_and_counts_the_rest_unknown() -> None:
+    """One round names a target's newest divergences for NAME_SECONDS at most: with a
+    tokenizer that takes 0.1 s a call, the round ends in time, the newest are named and the
+    older ones of the round are 'unknown' (counted, never waiting for the next round)."""
+    import threading
+    import time
+
+    from prefixwatch.exporter.kvsubscriber import kinds
+
+    first = prompt("2026-12-03 09:21:17.123456")
+    mirror = TargetMirror(FleetContent("m"))
+    mirror.apply(Batch(0.0, [stored(first, 0, 1)]))
+    for i in range(2, 22):
+        mirror.apply(Batch(float(i), [stored(prompt(f"2026-12-03 09:21:{i:02d}.1"), 1, i)]))
+    pending = mirror.take_divergences()
+    assert len(pending) == 20
+
+    def slow(ids: list[int]) -> str:
+        time.sleep(0.1)
+        return TOKENIZER.decode(ids)
+
+    namer = kinds.KindNamer({}, {}, threading.Event())
+    began = time.monotonic()
+    named = namer._name(pending, slow, one_token_reader(slow))
+    took = time.monotonic() - began
+    assert took < kinds.NAME_SECONDS + 2.0  # one divergence's calls past the budget at most
+    said = [kind for _div, kind, _at in named]
+    assert said[0] == "date/time" and said[-1] == "unknown"  # the newest first
+    assert named[0][0] is pending[-1]
+    assert 0 < said.count("date/time") < 20 and said.count("unknown") == 20 - said.count(
+        "date/time")

@@ -1,5 +1,7 @@
 """A regression on loopback: simulated vLLM replicas, the exporter and a real Prometheus with
-the generated rules compressed in time, plus the simulator's truth sampled as it runs.
+the generated rules compressed in time, plus the simulator's truth sampled as it runs. With
+``kv_events``, each replica publishes its KV event stream and the exporter follows it (the
+ledger, and the culprit in words).
 
 Shared by the report's end-to-end test and docs/make_figures.py (the README's figures).
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import requests
 
-from prefixwatch.core.vocab import causes
+from prefixwatch.core.vocab import causes, settings
 from prefixwatch.core.vocab.windows import parse_duration
 from prefixwatch.exporter.config import ExporterConfig, TargetConfig, name_targets
 from prefixwatch.exporter.service import Exporter
@@ -23,6 +25,7 @@ from prefixwatch.mixin import config as mixin_config
 from prefixwatch.mixin import rules, stack
 from prefixwatch.simulator.driver import Driver
 from prefixwatch.simulator.engine import EngineConfig
+from prefixwatch.simulator.kvpublisher import KVEventsOptions
 from prefixwatch.simulator.scenarios import SCENARIOS
 from prefixwatch.simulator.server import Replica, ReplicaServer
 from tests.conftest import start_prometheus, wait_ready
@@ -48,13 +51,14 @@ class LoopbackStack:
 
     def __init__(self, workdir: Path, prometheus: str, replicas: int = 2, rate: float = 20.0,
                  time_scale: float = 0.05, interval: float = 1.0,
-                 engine: EngineConfig | None = None) -> None:
+                 engine: EngineConfig | None = None, kv_events: bool = False) -> None:
         self.workdir = workdir
         self.prometheus = prometheus
         self.time_scale = time_scale
         self.interval = interval
         cfg = engine or EngineConfig(prefill_tokens_per_s=60_000, time_per_output_token=0.002)
-        self.replicas = [Replica(cfg, index=i) for i in range(replicas)]
+        streams = KVEventsOptions("tcp://127.0.0.1:0") if kv_events else None
+        self.replicas = [Replica(cfg, index=i, kv_events=streams) for i in range(replicas)]
         self.servers = [ReplicaServer(r, "127.0.0.1", 0) for r in self.replicas]
         self.driver = Driver(self.replicas, SCENARIOS["static-system-prompt"], rate=rate, seed=7)
         self.exporter: Exporter | None = None
@@ -80,10 +84,15 @@ class LoopbackStack:
         for server in self.servers:
             server.start()
         self.exporter = Exporter(ExporterConfig(
-            targets=name_targets([TargetConfig(f"http://127.0.0.1:{s.port}/metrics")
-                                  for s in self.servers]),
+            targets=name_targets([TargetConfig(
+                f"http://127.0.0.1:{s.port}/metrics",
+                kv_events=r.kv_publisher.endpoint if r.kv_publisher is not None else None)
+                for s, r in zip(self.servers, self.replicas, strict=True)]),
             interval=max(0.5, self.interval / 2), listen_address="127.0.0.1:0",
-            windows=("1m",),
+            # The paging window on the rules' clock, as the demo gives it: the landing page's
+            # headline ratio is over the window that pages.
+            windows=(mixin_config.prom_duration(
+                parse_duration(settings.CRITICAL_SHORT_WINDOW) * self.time_scale),),
             # The diagnosis on the same compressed clock as the rules: a cold start that
             # outlasts the run would name cold_start for the whole story.
             cold_start=mixin_config.prom_duration(

@@ -312,8 +312,15 @@ class TargetMirror:
                 pool_blocks=whatif.pool_blocks, whatif=whatif.gained_tokens())
 
     def take_divergences(self) -> list[Divergence]:
+        """The divergences waiting to be named, the oldest first (and no longer waiting)."""
         with self.fleet.lock:
             out = list(self.parts.pending)
             self.parts.pending.clear()
         return out
+
+    def take_dropped_divergences(self) -> int:
+        """How many divergences a full queue dropped unnamed since last asked."""
+        with self.fleet.lock:
+            dropped, self.parts.pending_dropped = self.parts.pending_dropped, 0
+        return dropped
 

@@ -55,6 +55,8 @@ class ComputedParts:
         self.loaded: dict[str, int] = {}
         self.divergence = Histogram(exposition.DIVERGENCE_BUCKETS)
         self.pending: deque[Divergence] = deque(maxlen=MAX_PENDING_DIVERGENCES)
+        #: Divergences dropped unnamed from a full ``pending`` (the oldest first).
+        self.pending_dropped = 0
         #: The last device store's blocks this replica had evicted, (position, content) in
         #: order, and which tier supplied each of its blocks (None: none): the what-if's.
         self.reused: list[tuple[int, Block]] | None = None
@@ -154,6 +156,8 @@ class ComputedParts:
         root = parent
         while root.parent is not None:  # a block per 16 tokens, once per divergence
             root = root.parent
+        if len(self.pending) == MAX_PENDING_DIVERGENCES:
+            self.pending_dropped += 1
         self.pending.append(Divergence(
             position, _tokens_before(new, j), list(toks[lo:lo + DIVERGENCE_CONTEXT]),
             layoutsearch.path_tokens(sibling, j, DIVERGENCE_CONTEXT),

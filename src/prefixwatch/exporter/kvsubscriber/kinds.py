@@ -3,7 +3,9 @@ view does), in a thread of its own so a slow tokenizer never delays a stream or 
 
 Each source's mirror keeps the tokens on both sides of its recent divergences (a bounded
 queue); once a second they are decoded and named (``core.whatvaries.guess_kind``) and counted
-in ``prefixwatch_kv_divergences_total{kind}``. Without a tokenizer (the target answers no
+in ``prefixwatch_kv_divergences_total{kind}``, the newest first, for at most NAME_SECONDS a
+target (the rest of the round ``unknown``). Where each request's own content starts is known
+from the position alone and asks no tokenizer. Without a tokenizer (the target answers no
 /detokenize) the kind is ``unknown``; the tokenizer is asked for again every 30 s.
 
 A named divergence is kept for the culprit at the token where its value starts
@@ -21,7 +23,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from prefixwatch.core.cache.whatvaries import guess_kind, value_start
+from prefixwatch.core.cache.whatvaries import (
+    OWN_CONTENT,
+    OWN_CONTENT_SHARE,
+    guess_kind,
+    value_start,
+)
 from prefixwatch.core.kv.counts import Divergence
 from prefixwatch.core.logs.tokenizers import AuditError, ServerTokenizer
 from prefixwatch.exporter.kvsubscriber.source import KvSource
@@ -31,6 +38,12 @@ log = logging.getLogger("prefixwatch.exporter.kvsubscriber")
 RETRY_SECONDS = 30.0
 #: Token texts kept per target (the tokens before divergences repeat: a timestamp's digits).
 PIECE_CACHE = 4096
+#: Each round names, per target, the newest divergences for at most this long (three calls to
+#: the target's /detokenize each, and one per token read back to where a value starts, until
+#: it is cached); the older ones of the round are counted ``unknown``. So a
+#: busy or slow target's tokenizer never delays another target's names, and the culprit is
+#: read from the newest divergences, however far behind the stream the namer would fall.
+NAME_SECONDS = 0.25
 TOKENIZER_TIMEOUT = 3.0
 UNKNOWN = "unknown"
 
@@ -52,14 +65,18 @@ def recent_divergences(sources: Iterable[KvSource], since: float
 
 
 def classify(div: Divergence, decode: Decoder | None) -> str:
-    """The kind of one divergence; ``unknown`` without a decoder or when it fails."""
+    """The kind of one divergence: where each request's own content starts by its position
+    alone (no tokenizer asked); else from its decoded text (three calls to the tokenizer);
+    ``unknown`` without a decoder or when it fails."""
+    shared = div.position / div.chain_tokens if div.chain_tokens else None
+    if shared is not None and shared >= OWN_CONTENT_SHARE:
+        return OWN_CONTENT
     if decode is None:
         return UNKNOWN
     try:
         before, mine, theirs = decode(div.before), decode(div.mine), decode(div.theirs)
     except Exception:  # a tokenizer failing is not the stream's fault
         return UNKNOWN
-    shared = div.position / div.chain_tokens if div.chain_tokens else None
     return guess_kind(mine, theirs, before, shared)
 
 
@@ -119,20 +136,35 @@ class KindNamer:
             mirror = source.mirror
             if mirror is None or self.stop.is_set():
                 continue
-            pending = mirror.take_divergences()
+            pending, dropped = mirror.take_divergences(), mirror.take_dropped_divergences()
+            if dropped:
+                with source.lock:
+                    source.kinds[UNKNOWN] = source.kinds.get(UNKNOWN, 0) + dropped
             if not pending:
                 continue
             decode = self.decoder(target)
             piece = self._pieces.get(target) if decode is not None else None
-            for div in pending:
-                if self.stop.is_set():
-                    return
-                kind = classify(div, decode)
-                position = culprit_position(div, kind, piece)
-                with source.lock:
+            named = self._name(pending, decode, piece)
+            placeholders = mirror.fleet.placeholder_roots
+            with source.lock:
+                for div, kind, position in named:
                     source.kinds[kind] = source.kinds.get(kind, 0) + 1
-                    if div.root not in mirror.fleet.placeholder_roots:  # a position known
+                    if kind != UNKNOWN and div.root not in placeholders:  # a position known
                         source.named.append((time.time(), mirror.fleet.model, kind, position))
+
+    def _name(self, pending: list[Divergence], decode: Decoder | None,
+              piece: Callable[[int], str] | None) -> list[tuple[Divergence, str, int]]:
+        """Each divergence with its kind and culprit position, the newest named first for
+        NAME_SECONDS; the rest ``unknown`` at their own position."""
+        deadline = time.monotonic() + NAME_SECONDS
+        out = []
+        for div in reversed(pending):
+            if self.stop.is_set() or time.monotonic() > deadline:
+                out.append((div, UNKNOWN, div.position))
+                continue
+            kind = classify(div, decode)
+            out.append((div, kind, culprit_position(div, kind, piece)))
+        return out
 
     def run(self) -> None:
         while not self.stop.wait(self.interval):
