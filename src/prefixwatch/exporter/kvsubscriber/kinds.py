@@ -40,9 +40,9 @@ RETRY_SECONDS = 30.0
 PIECE_CACHE = 4096
 #: Each round names, per target, the newest divergences for at most this long (three calls to
 #: the target's /detokenize each, and one per token read back to where a value starts, until
-#: it is cached); the older ones of the round are counted ``unknown``. So a
-#: busy or slow target's tokenizer never delays another target's names, and the culprit is
-#: read from the newest divergences, however far behind the stream the namer would fall.
+#: it is cached); the older ones of the round are counted ``unknown``. So a busy or slow
+#: target's tokenizer never delays another target's names, and the culprit is read from the
+#: newest divergences, however far behind the stream the namer would fall.
 NAME_SECONDS = 0.25
 TOKENIZER_TIMEOUT = 3.0
 UNKNOWN = "unknown"
@@ -80,15 +80,17 @@ def classify(div: Divergence, decode: Decoder | None) -> str:
     return guess_kind(mine, theirs, before, shared)
 
 
-def culprit_position(div: Divergence, kind: str, piece: Callable[[int], str] | None) -> int:
+def culprit_position(div: Divergence, kind: str,
+                     piece: Callable[[int], str] | None) -> int | None:
     """The token where the value that varies at ``div`` starts (``div.position`` when the
-    kind names no value, or without a decoder or when it fails)."""
+    kind names no value); None without a decoder or when it fails, when the start is not
+    known (a busy tokenizer must not move the culprit to where two requests parted)."""
     if piece is None:
-        return div.position
+        return None
     try:
         back = value_start(kind, div.before, piece)
     except Exception:  # a tokenizer failing is not the stream's fault
-        return div.position
+        return None
     return div.position - back
 
 
@@ -149,18 +151,20 @@ class KindNamer:
             with source.lock:
                 for div, kind, position in named:
                     source.kinds[kind] = source.kinds.get(kind, 0) + 1
-                    if kind != UNKNOWN and div.root not in placeholders:  # a position known
+                    # A position known: read back to its value, under a chain seen from its
+                    # root (a placeholder's depth is unknown).
+                    if position is not None and div.root not in placeholders:
                         source.named.append((time.time(), mirror.fleet.model, kind, position))
 
     def _name(self, pending: list[Divergence], decode: Decoder | None,
-              piece: Callable[[int], str] | None) -> list[tuple[Divergence, str, int]]:
-        """Each divergence with its kind and culprit position, the newest named first for
-        NAME_SECONDS; the rest ``unknown`` at their own position."""
+              piece: Callable[[int], str] | None) -> list[tuple[Divergence, str, int | None]]:
+        """Each divergence with its kind and culprit position (None: not known), the newest
+        named first for NAME_SECONDS; the rest ``unknown``."""
         deadline = time.monotonic() + NAME_SECONDS
-        out = []
+        out: list[tuple[Divergence, str, int | None]] = []
         for div in reversed(pending):
             if self.stop.is_set() or time.monotonic() > deadline:
-                out.append((div, UNKNOWN, div.position))
+                out.append((div, UNKNOWN, None))
                 continue
             kind = classify(div, decode)
             out.append((div, kind, culprit_position(div, kind, piece)))

@@ -63,8 +63,8 @@ class RequestView:
         self.divergence_sum = 0.0
         self.lines = dict.fromkeys(exposition.REQUESTS_LOG_RESULTS, 0)
         #: (position, prefix hash) -> the kind that varies there and how many tokens before
-        #: the position its value starts.
-        self._kinds: OrderedDict[tuple[int, int], tuple[str, int]] = OrderedDict()
+        #: the position its value starts (None: not known, the tokenizer failed).
+        self._kinds: OrderedDict[tuple[int, int], tuple[str, int | None]] = OrderedDict()
         #: The hit-rate ledger, fed from the same window (core/cache/requestledger.py).
         self.ledger = Ledger(block_size, pool_blocks)
 
@@ -131,26 +131,27 @@ class RequestView:
             self._kinds.move_to_end(key)
             while len(self._kinds) > self.KIND_CACHE:
                 self._kinds.popitem(last=False)
-            entry.kind = named[0]
-            entry.culprit_at = divergence.position - named[1]
+            entry.kind, back = named
+            entry.culprit_at = None if back is None else divergence.position - back
 
     @staticmethod
     def _classify(div: Divergence, decoder: Decoder | None,
-                  piece: Callable[[int], str] | None) -> tuple[str, int]:
-        """The kind that varies at ``div`` and how many tokens before it its value starts."""
+                  piece: Callable[[int], str] | None) -> tuple[str, int | None]:
+        """The kind that varies at ``div`` and how many tokens before it its value starts
+        (None: not known, so the request does not vote for the culprit)."""
         if decoder is None or piece is None:
-            return "unknown", 0
+            return "unknown", None
         try:
             before = decoder(div.mine[:div.offset])
             mine = decoder(div.mine[div.offset:])
             theirs = decoder(div.theirs[div.offset:])
         except Exception:  # a decoder failing is not the request's fault
-            return "unknown", 0
+            return "unknown", None
         kind = guess_kind(mine, theirs, before)
         try:
             return kind, value_start(kind, div.mine[:div.offset], piece)
-        except Exception:
-            return kind, 0
+        except Exception:  # a decoder failing is not the request's fault
+            return kind, None
 
     def evidence(self, window: float) -> tuple[RequestEvidence, Counter[str]]:
         """The requests of the last ``window`` seconds (with their ledger), and their
@@ -187,10 +188,10 @@ class RequestView:
             for entry in reversed(self.index.window):
                 if entry.at < since:
                     break
-                if (entry.kind is not None and entry.prompt_tokens
+                if (entry.kind is not None and entry.culprit_at is not None
+                        and entry.prompt_tokens
                         and entry.reach < OWN_CONTENT_SHARE * entry.prompt_tokens):
-                    at = entry.reach if entry.culprit_at is None else entry.culprit_at
-                    counts[(entry.kind, at)] += 1
+                    counts[(entry.kind, entry.culprit_at)] += 1
         return counts
 
     def ledger_window(self, window: float) -> tuple[Parts, tuple[str, ...]]:
