@@ -125,6 +125,21 @@ def test_chat_tokenize_and_cache_agree(server: ReplicaServer) -> None:
     assert detok["prompt"].startswith("<|begin_of_text|>")
 
 
+def test_every_replica_decodes_what_another_encoded(server: ReplicaServer) -> None:
+    """One model, one vocabulary: a token only replica 0 has seen (a timestamp's digits) is
+    decoded by replica 1's /detokenize, as a real fleet's replicas decode any id of their
+    model. (The exporter reads a culprit back over tokens the other replica stored.)"""
+    sibling = ReplicaServer(Replica(EngineConfig(num_blocks=64), index=1), "127.0.0.1", 0)
+    sibling.start()
+    try:
+        stamp = f"Current date and time: {time.time_ns()}"  # digits no replica saw before
+        ids = post(server, "/tokenize", {"prompt": stamp}).json()["tokens"]
+        text = post(sibling, "/detokenize", {"tokens": ids}).json()["prompt"]
+        assert text.endswith(stamp) and "<" not in text.removeprefix("<|begin_of_text|>")
+    finally:
+        sibling.stop()
+
+
 def test_lora_and_salt_over_http(server: ReplicaServer) -> None:
     prompt = list(range(5000, 5400))
     post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1})

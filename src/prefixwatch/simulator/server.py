@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefixwatch.core.httpreply import ReplyHandler
-from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
+from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template, shared_tokenizer
 from prefixwatch.simulator.engine import Engine, EngineConfig, EngineThread, SimRequest
 from prefixwatch.simulator.kvpublisher import (
     KVEventPublisher,
@@ -54,7 +54,7 @@ class Replica:
         self.config = config
         self.index = index
         self.server = server
-        self.tokenizer = tokenizer or Tokenizer()
+        self.tokenizer = tokenizer or shared_tokenizer()
         self.lora_modules = tuple(lora_modules)
         self.request_log = request_log
         #: How a fleet log names this replica.

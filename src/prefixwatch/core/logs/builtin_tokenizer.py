@@ -94,6 +94,24 @@ class Tokenizer:
         return [self._ids[w] for w in ANSWER_WORDS]
 
 
+_shared: Tokenizer | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_tokenizer() -> Tokenizer:
+    """The process's one tokenizer, as one model has one vocabulary: every simulated replica
+    decodes every id another replica produced (a piece is decodable once some replica of the
+    process encoded it), as every replica of a real fleet decodes its model's whole
+    vocabulary. With a tokenizer each, a replica's /detokenize answered ``<id>`` for a token
+    only its sibling had seen (a timestamp's digits), and a culprit read back over it stopped
+    there."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Tokenizer()
+        return _shared
+
+
 def render_tool(tool: Any) -> str:
     """Tools are serialised as given: key order is the caller's (an unordered dict shows)."""
     return json.dumps(tool, ensure_ascii=False)
