@@ -108,3 +108,21 @@ def test_a_closed_terminal_stops_the_demo_like_sigterm() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=30)
     assert done.returncode == 0 and done.stdout.strip() == "SIGHUP", done.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_that_reaches_another_thread_still_stops_the_demo(sig: str) -> None:
+    """The kernel delivers a process's signal to any of its threads; one that lands on a
+    worker thread (here sent to one on purpose, with pthread_kill) is seen by the main
+    thread's wait within a slice, not when a whole --duration has passed."""
+    code = ("import signal, threading, time; from prefixwatch.simulator.cli import "
+            "wait_for_signal;"
+            f"threading.Timer(0.3, lambda: signal.pthread_kill(threading.get_ident(), "
+            f"signal.{sig})).start();"
+            "began = time.monotonic(); got = wait_for_signal(60);"
+            "print(got.name, round(time.monotonic() - began, 1))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30)
+    name, waited = done.stdout.split()
+    assert done.returncode == 0 and name == sig, done.stderr
+    assert float(waited) < 2.0, waited

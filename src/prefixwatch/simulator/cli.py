@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import IO
 
 from prefixwatch.core import cliargs
@@ -339,6 +340,10 @@ def _kv_events_options(args: argparse.Namespace, replicas: int) -> KVEventsOptio
                            else None)
 
 
+#: How often the main thread looks for a signal that reached another of its threads.
+SIGNAL_SLICE = 0.2
+
+
 def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
     """Block until SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) or ``duration``
     seconds; return the signal, or None when the duration ended it. SIGHUP is handled so that
@@ -354,7 +359,15 @@ def wait_for_signal(duration: float | None = None) -> signal.Signals | None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
-    stop.wait(duration)
+    # In slices: the kernel may deliver a process's signal to any of its threads, and then
+    # only the main thread's next bytecode runs the handler; one long wait would miss it
+    # until it timed out (the demo then ignored Ctrl-C or SIGTERM for its whole duration).
+    deadline = None if duration is None else time.monotonic() + duration
+    while not stop.is_set():
+        left = SIGNAL_SLICE if deadline is None else min(SIGNAL_SLICE, deadline - time.monotonic())
+        if left <= 0:
+            break
+        stop.wait(left)
     return received[0] if received else None
 
 
