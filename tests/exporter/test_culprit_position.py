@@ -6,11 +6,11 @@ namer, and the simulator's tokenizer."""
 
 from __future__ import annotations
 
-from prefixwatch.core.cache.whatvaries import value_start
+from prefixwatch.core.cache.whatvaries import one_token_reader, value_start
 from prefixwatch.core.kv.codec import Batch, BlockStored
 from prefixwatch.core.kv.mirror import FleetContent, TargetMirror
 from prefixwatch.core.logs.builtin_tokenizer import Tokenizer, apply_chat_template
-from prefixwatch.exporter.kvsubscriber.kinds import classify, culprit_position, one_token_reader
+from prefixwatch.exporter.kvsubscriber.kinds import classify, culprit_position
 
 BS = 16
 TOKENIZER = Tokenizer()

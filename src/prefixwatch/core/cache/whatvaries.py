@@ -9,6 +9,7 @@ looks like ("Question 17" is a number, but not one to move).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 
@@ -89,6 +90,16 @@ _VALUE_PIECE = {
     "id": re.compile(r"[0-9a-fA-F\-]+"),
     "number": re.compile(r"[\d.,]+"),
 }
+
+
+#: Token texts a reader keeps (the tokens before divergences repeat: a timestamp's digits).
+PIECE_CACHE = 4096
+
+
+def one_token_reader(decode: Callable[[list[int]], str]) -> Callable[[int], str]:
+    """The text of one token at a time through ``decode`` (token ids -> text), in a bounded
+    cache: what ``value_start`` reads back with."""
+    return functools.lru_cache(maxsize=PIECE_CACHE)(lambda token: decode([token]))
 
 
 def value_start(kind: str, before: Sequence[int], piece: Callable[[int], str]) -> int:

@@ -16,7 +16,6 @@ parted at.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -27,6 +26,7 @@ from prefixwatch.core.cache.whatvaries import (
     OWN_CONTENT,
     OWN_CONTENT_SHARE,
     guess_kind,
+    one_token_reader,
     value_start,
 )
 from prefixwatch.core.kv.counts import Divergence
@@ -36,8 +36,6 @@ from prefixwatch.exporter.kvsubscriber.source import KvSource
 log = logging.getLogger("prefixwatch.exporter.kvsubscriber")
 
 RETRY_SECONDS = 30.0
-#: Token texts kept per target (the tokens before divergences repeat: a timestamp's digits).
-PIECE_CACHE = 4096
 #: Each round names, per target, the newest divergences for at most this long (three calls to
 #: the target's /detokenize each, and one per token read back to where a value starts, until
 #: it is cached); the older ones of the round are counted ``unknown``. So a busy or slow
@@ -92,11 +90,6 @@ def culprit_position(div: Divergence, kind: str,
     except Exception:  # a tokenizer failing is not the stream's fault
         return None
     return div.position - back
-
-
-def one_token_reader(decode: Decoder) -> Callable[[int], str]:
-    """The text of one token at a time, through a bounded cache."""
-    return functools.lru_cache(maxsize=PIECE_CACHE)(lambda token: decode([token]))
 
 
 class KindNamer:

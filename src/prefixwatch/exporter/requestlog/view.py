@@ -13,7 +13,6 @@ the token where that value starts for the culprit (``core.whatvaries.value_start
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import time
@@ -25,7 +24,12 @@ from prometheus_client.utils import floatToGoString
 
 from prefixwatch.core.cache.prefixindex import Divergence, PrefixIndex
 from prefixwatch.core.cache.requestledger import Ledger, Parts
-from prefixwatch.core.cache.whatvaries import OWN_CONTENT_SHARE, guess_kind, value_start
+from prefixwatch.core.cache.whatvaries import (
+    OWN_CONTENT_SHARE,
+    guess_kind,
+    one_token_reader,
+    value_start,
+)
 from prefixwatch.core.diagnosis import RequestEvidence
 from prefixwatch.core.vocab import exposition
 
@@ -43,8 +47,6 @@ class RequestView:
     """Requests log -> achievable ratio, divergence histogram and kinds, thread-safe."""
 
     KIND_CACHE = 1024
-    #: Token texts kept (the tokens before divergences repeat: a timestamp's digits).
-    PIECE_CACHE = 4096
 
     def __init__(self, block_size: int = 16,
                  max_requests: int = exposition.REQUESTS_WINDOW_REQUESTS,
@@ -76,8 +78,7 @@ class RequestView:
     @decoder.setter
     def decoder(self, decode: Decoder | None) -> None:
         self._decoder = decode
-        self._piece = (None if decode is None else
-                       functools.lru_cache(maxsize=self.PIECE_CACHE)(lambda t: decode([t])))
+        self._piece = None if decode is None else one_token_reader(decode)
 
     @property
     def block_size(self) -> int:
