@@ -34,6 +34,24 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
+def wait_for_ledgers(exporter: Exporter, truth: dict[str, dict], requests: int,
+                     output: bool = False) -> None:
+    """Until each target's event ledger holds its truth's prompt tokens over ``requests``
+    requests (and its output tokens, with ``output``), then two more polls: the stream and
+    the counters at rest."""
+    def settled() -> bool:
+        for t, row in truth.items():
+            span = exporter.kv_ledgers.span(t, None)
+            if span is None or span.prompt != row["prompt"] or span.requests != requests:
+                return False
+            if output and span.shares[exposition.LEDGER_OUTPUT] != row["output"]:
+                return False
+        return True
+
+    wait_for(settled, what="every request finished and polled")
+    time.sleep(0.7)
+
+
 def value(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
@@ -163,17 +181,7 @@ def test_a_workload_with_answers_closes_the_event_ledger_with_the_output_named()
             row["requests"] += 1
             time.sleep(0.1)
 
-        def settled() -> bool:
-            for t, row in truth.items():
-                span = exporter.kv_ledgers.span(t, None)
-                if span is None or span.prompt != row["prompt"] or span.requests != 8 // 2:
-                    return False
-                if span.shares[exposition.LEDGER_OUTPUT] != row["output"]:
-                    return False
-            return True
-
-        wait_for(settled, what="every request finished and polled")
-        time.sleep(0.7)  # two more polls: the stream and the counters at rest
+        wait_for_ledgers(exporter, truth, 8 // 2, output=True)
         got = scrape(exporter.port)
         for t, row in truth.items():
             # The simulator stored each answer's blocks where vLLM does: the stream holds them.

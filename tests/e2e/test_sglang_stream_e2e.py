@@ -16,7 +16,12 @@ import requests
 
 from prefixwatch.core.vocab import exposition
 from prefixwatch.simulator.engine import EngineConfig
-from tests.e2e.test_kv_stream_e2e import replicas_and_exporter, scrape, value, wait_for
+from tests.e2e.test_kv_stream_e2e import (
+    replicas_and_exporter,
+    scrape,
+    value,
+    wait_for_ledgers,
+)
 
 SYSTEM = [5_000 + j for j in range(40)]
 
@@ -43,15 +48,7 @@ def test_the_event_ledger_closes_to_the_token_on_an_sglang_stream(page_size: int
             row["requests"] += 1
             time.sleep(0.1)
 
-        def settled() -> bool:
-            for t, row in truth.items():
-                span = exporter.kv_ledgers.span(t, None)
-                if span is None or span.prompt != row["prompt"] or span.requests != 5:
-                    return False
-            return True
-
-        wait_for(settled, what="every request finished and polled")
-        time.sleep(0.7)  # two more polls: the stream and the counters at rest
+        wait_for_ledgers(exporter, truth, 5)
         got = scrape(exporter.port)
         for t, row in truth.items():
             span = exporter.kv_ledgers.span(t, None)
