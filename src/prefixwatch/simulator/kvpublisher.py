@@ -78,7 +78,26 @@ def process_hash_seed() -> int | None:
         return None
 
 
-class KVEventSink:
+class StepEvents:
+    """An engine step's events in the order they are made, under one lock (the engine thread
+    adds, the publisher's flush takes them whole): what vLLM's and SGLang's sinks share."""
+
+    def __init__(self, *first: Any) -> None:
+        self.events: list[Any] = list(first)
+        self.lock = threading.Lock()
+
+    def _add(self, *events: Any) -> None:
+        with self.lock:
+            self.events.extend(events)
+
+    def take(self) -> list[Any]:
+        """The step's events; the next step starts empty."""
+        with self.lock:
+            events, self.events = self.events, []
+        return events
+
+
+class KVEventSink(StepEvents):
     """One replica's events of the current engine step, in the order vLLM queues them.
 
     The block pool and the host tier call ``stored`` and ``removed`` with their chained block
@@ -87,12 +106,11 @@ class KVEventSink:
 
     def __init__(self, block_size: int, seed: int | None = None,
                  lora_ids: dict[str, int] | None = None) -> None:
+        super().__init__()
         self.block_size = block_size
         seed = process_hash_seed() if seed is None else seed
         self.seed = int.from_bytes(os.urandom(8), "big") if seed is None else seed & MASK
         self.lora_ids = dict(lora_ids or {})
-        self.events: list[KVCacheEvent] = []
-        self.lock = threading.Lock()
 
     def hash(self, block_id: int) -> int:
         """The hash this process publishes for a chained block id."""
@@ -127,8 +145,7 @@ class KVEventSink:
             lora_name=lora,
             extra_keys=self._block_extra_keys(extra_keys, first_position, len(block_ids)),
             group_idx=0, kv_cache_spec_kind="full_attention")
-        with self.lock:
-            self.events.append(event)
+        self._add(event)
 
     def stored_host(self, parent_id: int | None, block_id: int, tokens: Sequence[int],
                     extra_keys: Hashable = None) -> None:
@@ -141,22 +158,14 @@ class KVEventSink:
             lora_id=self.lora_ids.get(lora) if lora else None, medium=MEDIUM_CPU,
             lora_name=lora, group_idx=0, kv_cache_spec_kind="full_attention",
             locality="LOCAL")
-        with self.lock:
-            self.events.append(event)
+        self._add(event)
 
     def removed(self, block_id: int, medium: str = MEDIUM_GPU) -> None:
         event = BlockRemoved(block_hashes=[self.hash(block_id)], medium=medium, group_idx=0)
-        with self.lock:
-            self.events.append(event)
+        self._add(event)
 
     def cleared(self) -> None:
-        with self.lock:
-            self.events.append(AllBlocksCleared())
-
-    def take(self) -> list[KVCacheEvent]:
-        with self.lock:
-            events, self.events = self.events, []
-        return events
+        self._add(AllBlocksCleared())
 
 
 def encode_batch(events: list[KVCacheEvent], ts: float | None = None,

@@ -15,7 +15,6 @@ page chains (``core/cache/radixcache.py``): not seeded per process, the same on 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -28,18 +27,18 @@ from prefixwatch.core.kv.codec import (
     SGLangBlockStored,
     SGLangEventBatch,
 )
+from prefixwatch.simulator.kvpublisher import StepEvents
 
 MEDIUM_GPU = "GPU"
 #: SGLang's StorageMedium.CPU: the HiCache host pool.
 MEDIUM_HOST = "CPU_PINNED"
 
 
-class SGLangEventSink:
+class SGLangEventSink(StepEvents):
     """One SGLang replica's events of the current scheduler step (the radix cache's queue)."""
 
     def __init__(self) -> None:
-        self.events: list[Any] = [SGLangAllBlocksCleared()]  # RadixCache.reset() at start
-        self.lock = threading.Lock()
+        super().__init__(SGLangAllBlocksCleared())  # RadixCache.reset() at start
         self.seed = 0  # unseeded; KVEvents.restart sets it, nothing reads it
 
     # -- the radix cache's hooks ---------------------------------------------------------------
@@ -51,13 +50,11 @@ class SGLangEventSink:
             page = list(tokens[i * page_size:(i + 1) * page_size])
             out.append(SGLangBlockStored([h], parent, page, len(page), None, MEDIUM_GPU))
             parent = h
-        with self.lock:
-            self.events.extend(out)
+        self._add(*out)
 
     def removed_pages(self, hashes: Sequence[int]) -> None:
         out = [SGLangBlockRemoved([h], MEDIUM_GPU) for h in hashes]
-        with self.lock:
-            self.events.extend(out)
+        self._add(*out)
 
     # -- the host pool's hooks (offload.HostTier) ----------------------------------------------
 
@@ -65,22 +62,14 @@ class SGLangEventSink:
                     extra_keys: Hashable = None) -> None:
         event = SGLangBlockStored([block_id], parent_id, list(tokens), len(tokens), None,
                                   MEDIUM_HOST)
-        with self.lock:
-            self.events.append(event)
+        self._add(event)
 
     def removed(self, block_id: int, medium: str = MEDIUM_HOST) -> None:
         event = SGLangBlockRemoved([block_id], MEDIUM_HOST if medium != MEDIUM_GPU else medium)
-        with self.lock:
-            self.events.append(event)
+        self._add(event)
 
     def cleared(self) -> None:
-        with self.lock:
-            self.events.append(SGLangAllBlocksCleared())
-
-    def take(self) -> list[Any]:
-        with self.lock:
-            events, self.events = self.events, []
-        return events
+        self._add(SGLangAllBlocksCleared())
 
 
 _encoder = msgspec.msgpack.Encoder()
